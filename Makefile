@@ -1,0 +1,56 @@
+# umbp-go. `make test` is what CI runs (.ci/run); `make demo` runs the main example.
+GO       ?= go
+PROTOC   ?= protoc
+# protoc comes from Debian (protobuf-compiler 3.21.12, recorded in the
+# generated headers); the Go plugins are pinned as tools in go.mod.
+PROTOC_VERSION := 3.21.12
+
+.PHONY: all build test test-short proto proto-check lint bench demo fuzz clean
+
+all: build lint test
+
+build:
+	$(GO) build ./...
+
+test:
+	$(GO) test -race -count=1 -timeout 10m ./...
+
+test-short:
+	$(GO) test -short -count=1 ./...
+
+demo:
+	$(GO) run ./examples/offload
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchtime 2s -count 5 ./...
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^proto/umbppb/')); \
+	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
+
+# Fuzz each decoder for a short while (FUZZTIME=1m for longer).
+FUZZTIME ?= 20s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRegistration$$' -fuzztime $(FUZZTIME) ./internal/fdpass
+
+protoc-install:
+	@if ! $(PROTOC) --version 2>/dev/null | grep -q 'libprotoc $(PROTOC_VERSION)'; then \
+	  apt-get update -qq && apt-get install -y -qq protobuf-compiler=$(PROTOC_VERSION)-\* >/dev/null; fi
+	@$(PROTOC) --version
+
+proto: protoc-install
+	$(PROTOC) -I proto \
+	  --plugin=protoc-gen-go=$$($(GO) tool -n protoc-gen-go) \
+	  --plugin=protoc-gen-go-grpc=$$($(GO) tool -n protoc-gen-go-grpc) \
+	  --go_out=proto/umbppb --go_opt=paths=source_relative \
+	  --go-grpc_out=proto/umbppb --go-grpc_opt=paths=source_relative \
+	  proto/umbp_common.proto proto/umbp_standalone.proto
+
+# Fails when the committed generated code differs from what `make proto` makes.
+proto-check: proto
+	git diff --exit-code -- proto/umbppb
+
+clean:
+	$(GO) clean -testcache
