@@ -91,10 +91,14 @@ func Send(ctx context.Context, path string, fd int, reg Registration, check Peer
 	}
 }
 
-// ctxErr prefers the context's error over the deadline error it caused.
+// ctxErr reports a socket deadline, which always comes from ctx, as the
+// context's error.
 func ctxErr(ctx context.Context, err error) error {
 	if cerr := ctx.Err(); cerr != nil {
 		return fmt.Errorf("%w (%w)", cerr, err)
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("%w (%w)", context.DeadlineExceeded, err)
 	}
 	return err
 }
