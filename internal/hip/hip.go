@@ -1,0 +1,462 @@
+// Package hip is a small binding to the GPU runtime, loaded at run time with
+// dlopen so that the library builds, links and runs on machines without a GPU
+// or a GPU software stack.
+//
+// The AMD HIP runtime (libamdhip64) is preferred. Where it is absent or finds
+// no device, the NVIDIA CUDA runtime (libcudart) is used instead, together
+// with the CUDA driver (libcuda) for the one call the runtime lacks. Both
+// vendors sit behind the same API: callers see one [Runtime] and one set of
+// constants, whichever was loaded.
+//
+// Nothing is linked at build time but libdl. Every runtime entry point is
+// looked up with dlsym into a table and called through a small C function;
+// a missing library or symbol makes [Load] fail with an error matching
+// [ErrNotSupported], never a crash. Libraries are opened RTLD_NOW|RTLD_LOCAL
+// and never closed.
+//
+// The runtimes keep the "current device" per OS thread, and goroutines move
+// between threads. Every method that needs a device therefore takes it as an
+// argument and selects it inside the same C call that performs the operation.
+// A negative device leaves the calling thread's current device untouched.
+//
+// Pointers are plain uintptr values: device memory, and host memory that is
+// not managed by the Go heap (mmap, memfd). Passing the address of Go-heap
+// memory as a uintptr is the caller's responsibility; [Runtime.CopyToDevice]
+// and [Runtime.CopyFromDevice] take Go byte slices safely.
+package hip
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+)
+
+// ErrNotSupported reports that no usable GPU runtime could be loaded: no
+// library, a missing symbol, no device, or a build without cgo. Errors from
+// [Load] and [Open] wrap it; match with errors.Is.
+var ErrNotSupported = errors.New("hip: GPU runtime not supported")
+
+// Environment variables naming a runtime library to try before the default
+// names.
+const (
+	// EnvHIPLibrary names a libamdhip64 to try first.
+	EnvHIPLibrary = "UMBP_HIP_LIBRARY"
+	// EnvCUDARuntimeLibrary names a libcudart to try first.
+	EnvCUDARuntimeLibrary = "UMBP_CUDART_LIBRARY"
+)
+
+// Vendor names the runtime that was loaded.
+type Vendor string
+
+// The vendors a [Runtime] can be.
+const (
+	// VendorHIP is AMD's HIP runtime (libamdhip64).
+	VendorHIP Vendor = "hip"
+	// VendorCUDA is NVIDIA's CUDA runtime (libcudart) with the driver (libcuda).
+	VendorCUDA Vendor = "cuda"
+)
+
+// MemoryType says where memory behind a pointer lives, as decoded from the
+// runtime's pointer attributes. Its values are this package's own, the same
+// for both vendors and every runtime version.
+type MemoryType int
+
+// Memory types reported by [Runtime.PointerInfo].
+const (
+	// MemoryUnregistered is host memory the runtime does not know about
+	// (plain malloc or mmap memory), or an address no allocation covers.
+	MemoryUnregistered MemoryType = iota
+	// MemoryHost is host memory registered with or allocated by the runtime
+	// (pinned, page-locked).
+	MemoryHost
+	// MemoryDevice is device memory.
+	MemoryDevice
+	// MemoryManaged is managed (unified) memory, migrated on demand.
+	MemoryManaged
+)
+
+// String returns the memory type's name.
+func (m MemoryType) String() string {
+	switch m {
+	case MemoryUnregistered:
+		return "unregistered"
+	case MemoryHost:
+		return "host"
+	case MemoryDevice:
+		return "device"
+	case MemoryManaged:
+		return "managed"
+	}
+	return fmt.Sprintf("MemoryType(%d)", int(m))
+}
+
+// MemcpyKind is the direction of a copy. Its values are those of
+// hipMemcpyKind and cudaMemcpyKind, which agree.
+type MemcpyKind int
+
+// Copy directions.
+const (
+	// MemcpyHostToHost copies host to host.
+	MemcpyHostToHost MemcpyKind = 0
+	// MemcpyHostToDevice copies host to device.
+	MemcpyHostToDevice MemcpyKind = 1
+	// MemcpyDeviceToHost copies device to host.
+	MemcpyDeviceToHost MemcpyKind = 2
+	// MemcpyDeviceToDevice copies device to device.
+	MemcpyDeviceToDevice MemcpyKind = 3
+	// MemcpyDefault lets the runtime infer the direction from the addresses.
+	MemcpyDefault MemcpyKind = 4
+)
+
+// String returns the copy direction's name.
+func (k MemcpyKind) String() string {
+	switch k {
+	case MemcpyHostToHost:
+		return "HtoH"
+	case MemcpyHostToDevice:
+		return "HtoD"
+	case MemcpyDeviceToHost:
+		return "DtoH"
+	case MemcpyDeviceToDevice:
+		return "DtoD"
+	case MemcpyDefault:
+		return "default"
+	}
+	return fmt.Sprintf("MemcpyKind(%d)", int(k))
+}
+
+// Stream is a runtime stream handle. The zero Stream is the default (null)
+// stream.
+type Stream uintptr
+
+// Event is a runtime event handle.
+type Event uintptr
+
+// IpcHandleSize is the size in bytes of an IPC memory handle on both vendors.
+const IpcHandleSize = 64
+
+// IpcMemHandle is an inter-process memory handle (hipIpcMemHandle_t,
+// cudaIpcMemHandle_t). It names the whole allocation that holds the pointer
+// it was made from, and opens to that allocation's base.
+type IpcMemHandle [IpcHandleSize]byte
+
+// Flags passed to the runtime. Their values agree between HIP and CUDA.
+const (
+	// IpcMemLazyEnablePeerAccess is the flag passed to IpcOpenMemHandle, the
+	// only one both runtimes accept.
+	IpcMemLazyEnablePeerAccess = 1
+	// StreamNonBlocking is the flag StreamCreate uses: the stream does not
+	// synchronise with the legacy default stream.
+	StreamNonBlocking = 1
+	// EventDisableTiming is the flag EventCreate uses.
+	EventDisableTiming = 2
+	// HostRegisterDefault is the flag HostRegister uses.
+	HostRegisterDefault = 0
+	// HostRegisterPortable makes a host registration count as pinned for
+	// every device's context, not only the one current when registering.
+	HostRegisterPortable = 1
+)
+
+// errInvalidValue is hipErrorInvalidValue and cudaErrorInvalidValue.
+const errInvalidValue = 1
+
+// pointerAttributesSize is the zeroed buffer handed to the pointer-attribute
+// call: larger than HIP's struct (32 bytes) and CUDA 13's (88 bytes).
+const pointerAttributesSize = 128
+
+// Error is a failed runtime call: the call's name (hipMalloc, cudaMalloc,
+// cuMemGetAddressRange_v2, ...), the numeric code it returned and the
+// runtime's text for that code.
+type Error struct {
+	// Op is the runtime function that failed.
+	Op string
+	// Code is the hipError_t, cudaError_t or CUresult it returned.
+	Code int
+	// Msg is the runtime's description of Code; empty when unavailable.
+	Msg string
+}
+
+// Error formats as "hipIpcOpenMemHandle: error 201 (invalid device context)".
+func (e *Error) Error() string {
+	if e.Msg == "" {
+		return fmt.Sprintf("%s: error %d", e.Op, e.Code)
+	}
+	return fmt.Sprintf("%s: error %d (%s)", e.Op, e.Code, e.Msg)
+}
+
+// Options says which libraries [Open] tries, in order. Empty lists try
+// nothing for that library.
+type Options struct {
+	// HIPLibraries are candidate libamdhip64 paths or sonames.
+	HIPLibraries []string
+	// CUDARuntimeLibraries are candidate libcudart paths or sonames, tried
+	// when no HIP library is usable.
+	CUDARuntimeLibraries []string
+	// CUDADriverLibraries are candidate libcuda paths or sonames, opened
+	// after the CUDA runtime has initialised.
+	CUDADriverLibraries []string
+}
+
+// DefaultOptions returns the search order [Load] uses: the library named by
+// UMBP_HIP_LIBRARY, then libamdhip64.so.7, .so.6 and libamdhip64.so by
+// soname, under $ROCM_PATH/lib and under /opt/rocm/lib; then the one named by
+// UMBP_CUDART_LIBRARY, libcudart.so.13 and .so.12 by soname, in Python
+// site-packages (nvidia/cu13/lib, nvidia/cuda_runtime/lib), under
+// $CUDA_HOME/lib64 and /usr/local/cuda/lib64; and libcuda.so.1.
+func DefaultOptions() Options {
+	return defaultOptions(os.Getenv, filepath.Glob)
+}
+
+func defaultOptions(getenv func(string) string, glob func(string) ([]string, error)) Options {
+	return Options{
+		HIPLibraries:         hipCandidates(getenv),
+		CUDARuntimeLibraries: cudartCandidates(getenv, glob),
+		CUDADriverLibraries:  cudaDriverCandidates(),
+	}
+}
+
+var hipNames = []string{"libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so"}
+
+func hipCandidates(getenv func(string) string) []string {
+	var out []string
+	if p := getenv(EnvHIPLibrary); p != "" {
+		out = append(out, p)
+	}
+	dirs := []string{""}
+	if r := getenv("ROCM_PATH"); r != "" {
+		dirs = append(dirs, filepath.Join(r, "lib"))
+	}
+	dirs = append(dirs, "/opt/rocm/lib")
+	for _, d := range dirs {
+		for _, n := range hipNames {
+			out = append(out, joinLib(d, n))
+		}
+	}
+	return dedupe(out)
+}
+
+var cudartNames = []string{"libcudart.so.13", "libcudart.so.12"}
+
+func cudartCandidates(getenv func(string) string, glob func(string) ([]string, error)) []string {
+	var out []string
+	if p := getenv(EnvCUDARuntimeLibrary); p != "" {
+		out = append(out, p)
+	}
+	out = append(out, cudartNames...)
+	// Python wheels (nvidia-cuda-runtime): found only where they exist.
+	var roots []string
+	for _, env := range []string{"VIRTUAL_ENV", "CONDA_PREFIX"} {
+		if r := getenv(env); r != "" {
+			roots = append(roots, r)
+		}
+	}
+	if h := getenv("HOME"); h != "" {
+		roots = append(roots, filepath.Join(h, ".local"))
+	}
+	roots = append(roots, "/usr/local", "/usr", "/opt/conda")
+	for _, root := range roots {
+		for _, pkgs := range []string{"site-packages", "dist-packages"} {
+			for _, sub := range []string{"cu13", "cuda_runtime"} {
+				for _, n := range cudartNames {
+					matches, err := glob(filepath.Join(root, "lib", "python3*", pkgs, "nvidia", sub, "lib", n))
+					if err == nil {
+						out = append(out, matches...)
+					}
+				}
+			}
+		}
+	}
+	var dirs []string
+	for _, env := range []string{"CUDA_HOME", "CUDA_PATH"} {
+		if r := getenv(env); r != "" {
+			dirs = append(dirs, filepath.Join(r, "lib64"))
+		}
+	}
+	dirs = append(dirs, "/usr/local/cuda/lib64")
+	for _, d := range dirs {
+		for _, n := range cudartNames {
+			out = append(out, joinLib(d, n))
+		}
+	}
+	return dedupe(out)
+}
+
+func cudaDriverCandidates() []string {
+	// The runtime has already loaded the driver by soname when this list is
+	// tried, so the soname finds that same copy.
+	return []string{
+		"libcuda.so.1",
+		"/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+		"/usr/lib/aarch64-linux-gnu/libcuda.so.1",
+		"/usr/lib64/libcuda.so.1",
+		"/usr/local/nvidia/lib64/libcuda.so.1",
+	}
+}
+
+func joinLib(dir, name string) string {
+	if dir == "" {
+		return name
+	}
+	return filepath.Join(dir, name)
+}
+
+func dedupe(in []string) []string {
+	seen := make(map[string]bool, len(in))
+	out := in[:0]
+	for _, s := range in {
+		if !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+var (
+	loadOnce sync.Once
+	loadRT   *Runtime
+	loadErr  error
+)
+
+// Load returns the process's GPU runtime, loading it on first use with
+// [DefaultOptions]. Later calls return the same result, success or failure.
+// When no runtime is usable the error wraps [ErrNotSupported] and says what
+// was tried and why each attempt failed.
+func Load() (*Runtime, error) {
+	loadOnce.Do(func() {
+		loadRT, loadErr = Open(DefaultOptions())
+	})
+	return loadRT, loadErr
+}
+
+// Available reports whether [Load] succeeds.
+func Available() bool {
+	_, err := Load()
+	return err == nil
+}
+
+// Open loads a runtime from the libraries opts names, without caching: HIP
+// first, used only when hipInit(0) succeeds and a device is counted; else
+// CUDA, used when a device is counted. Most callers want [Load]; Open is for
+// tests and unusual deployments. Each successful Open keeps its libraries
+// loaded for the life of the process.
+func Open(opts Options) (*Runtime, error) {
+	return open(opts)
+}
+
+// hipROCm6Version is the first hipRuntimeGetVersion value of ROCm 6
+// (HIP_VERSION = major*10000000 + minor*100000 + patch).
+const hipROCm6Version = 60000000
+
+// minCUDAVersion is CUDA 11.0: earlier runtimes laid out
+// cudaPointerAttributes differently.
+const minCUDAVersion = 11000
+
+// decodeMemoryType maps a runtime's raw memory type to a MemoryType. HIP
+// before ROCm 6 numbered Host 0, Device 1, Array 2, Unified 3, Managed 4; ROCm
+// 6 numbers Unregistered 0, Host 1, Device 2, Managed 3, Array 10, Unified 11;
+// CUDA numbers Unregistered 0, Host 1, Device 2, Managed 3. HIP's isManaged
+// field turns host or device memory into managed memory. ok is false for
+// values the runtime does not define.
+func decodeMemoryType(v Vendor, version int, raw int32, isManaged bool) (mt MemoryType, ok bool) {
+	switch {
+	case v == VendorCUDA:
+		switch raw {
+		case 0:
+			return MemoryUnregistered, true
+		case 1:
+			return MemoryHost, true
+		case 2:
+			return MemoryDevice, true
+		case 3:
+			return MemoryManaged, true
+		}
+		return 0, false
+	case v == VendorHIP && version >= hipROCm6Version:
+		switch raw {
+		case 0:
+			return MemoryUnregistered, true
+		case 1:
+			mt = MemoryHost
+		case 2, 10:
+			mt = MemoryDevice
+		case 3, 11:
+			return MemoryManaged, true
+		default:
+			return 0, false
+		}
+	case v == VendorHIP:
+		switch raw {
+		case 0:
+			mt = MemoryHost
+		case 1, 2:
+			mt = MemoryDevice
+		case 3, 4:
+			return MemoryManaged, true
+		default:
+			return 0, false
+		}
+	default:
+		return 0, false
+	}
+	if isManaged {
+		return MemoryManaged, true
+	}
+	return mt, true
+}
+
+// decodePointerAttributes reads the fields this package uses from the
+// buffer the pointer-attribute call filled: the int type at offset 0, the int
+// device at 4 and, for HIP, the int isManaged at 24 (after the two pointers).
+// The device is -1 for unregistered memory.
+func decodePointerAttributes(v Vendor, version int, buf *[pointerAttributesSize]byte) (mt MemoryType, device int, ok bool) {
+	raw := int32(binary.NativeEndian.Uint32(buf[0:4]))
+	device = int(int32(binary.NativeEndian.Uint32(buf[4:8])))
+	managed := v == VendorHIP && binary.NativeEndian.Uint32(buf[24:28]) != 0
+	mt, ok = decodeMemoryType(v, version, raw, managed)
+	if !ok {
+		return 0, -1, false
+	}
+	if mt == MemoryUnregistered {
+		device = -1
+	}
+	return mt, device, true
+}
+
+// api is the method set both builds of Runtime provide.
+type api interface {
+	Vendor() Vendor
+	Library() string
+	String() string
+	RuntimeVersion() int
+	DeviceCount() (int, error)
+	SetDevice(device int) error
+	GetDevice() (int, error)
+	PointerInfo(ptr uintptr) (MemoryType, int, error)
+	AddressRange(device int, ptr uintptr) (uintptr, uint64, error)
+	IpcGetMemHandle(device int, ptr uintptr) (IpcMemHandle, error)
+	IpcOpenMemHandle(device int, h IpcMemHandle) (uintptr, error)
+	IpcCloseMemHandle(device int, ptr uintptr) error
+	Malloc(device int, size uint64) (uintptr, error)
+	Free(device int, ptr uintptr) error
+	HostRegister(ptr uintptr, size uint64) error
+	HostRegisterWithFlags(ptr uintptr, size uint64, flags uint32) error
+	HostUnregister(ptr uintptr) error
+	Memcpy(device int, dst, src uintptr, n uint64, kind MemcpyKind) error
+	MemcpyAsync(device int, dst, src uintptr, n uint64, kind MemcpyKind, stream Stream) error
+	CopyToDevice(device int, dst uintptr, src []byte) error
+	CopyFromDevice(device int, dst []byte, src uintptr) error
+	StreamCreate(device int) (Stream, error)
+	StreamSynchronize(device int, s Stream) error
+	StreamDestroy(device int, s Stream) error
+	EventCreate(device int) (Event, error)
+	EventRecord(device int, ev Event, s Stream) error
+	EventSynchronize(device int, ev Event) error
+	EventDestroy(device int, ev Event) error
+	DeviceSynchronize(device int) error
+}
+
+var _ api = (*Runtime)(nil)

@@ -1,0 +1,309 @@
+package hip
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestErrorFormat(t *testing.T) {
+	e := &Error{Op: "hipIpcOpenMemHandle", Code: 201, Msg: "invalid device context"}
+	if got, want := e.Error(), "hipIpcOpenMemHandle: error 201 (invalid device context)"; got != want {
+		t.Errorf("Error() = %q, want %q", got, want)
+	}
+	e = &Error{Op: "cuMemGetAddressRange_v2", Code: 500}
+	if got, want := e.Error(), "cuMemGetAddressRange_v2: error 500"; got != want {
+		t.Errorf("Error() without text = %q, want %q", got, want)
+	}
+
+	wrapped := fmt.Errorf("register region: %w", &Error{Op: "cudaMalloc", Code: 2, Msg: "out of memory"})
+	var got *Error
+	if !errors.As(wrapped, &got) {
+		t.Fatalf("errors.As(%v, *Error) = false", wrapped)
+	}
+	if got.Op != "cudaMalloc" || got.Code != 2 {
+		t.Errorf("errors.As gave %+v", got)
+	}
+	if errors.Is(wrapped, ErrNotSupported) {
+		t.Errorf("a runtime call's error matches ErrNotSupported")
+	}
+}
+
+func TestStrings(t *testing.T) {
+	for mt, want := range map[MemoryType]string{
+		MemoryUnregistered: "unregistered", MemoryHost: "host", MemoryDevice: "device",
+		MemoryManaged: "managed", MemoryType(9): "MemoryType(9)",
+	} {
+		if got := mt.String(); got != want {
+			t.Errorf("MemoryType(%d).String() = %q, want %q", int(mt), got, want)
+		}
+	}
+	for k, want := range map[MemcpyKind]string{
+		MemcpyHostToHost: "HtoH", MemcpyHostToDevice: "HtoD", MemcpyDeviceToHost: "DtoH",
+		MemcpyDeviceToDevice: "DtoD", MemcpyDefault: "default", MemcpyKind(7): "MemcpyKind(7)",
+	} {
+		if got := k.String(); got != want {
+			t.Errorf("MemcpyKind(%d).String() = %q, want %q", int(k), got, want)
+		}
+	}
+}
+
+func TestConstants(t *testing.T) {
+	// Values both vendors' headers define; the C side passes them through.
+	checks := []struct {
+		name      string
+		got, want int
+	}{
+		{"MemcpyHostToDevice", int(MemcpyHostToDevice), 1},
+		{"MemcpyDeviceToHost", int(MemcpyDeviceToHost), 2},
+		{"MemcpyDeviceToDevice", int(MemcpyDeviceToDevice), 3},
+		{"MemcpyDefault", int(MemcpyDefault), 4},
+		{"IpcMemLazyEnablePeerAccess", IpcMemLazyEnablePeerAccess, 1},
+		{"StreamNonBlocking", StreamNonBlocking, 1},
+		{"EventDisableTiming", EventDisableTiming, 2},
+		{"HostRegisterDefault", HostRegisterDefault, 0},
+		{"HostRegisterPortable", HostRegisterPortable, 1},
+		{"IpcHandleSize", IpcHandleSize, 64},
+		{"len(IpcMemHandle)", len(IpcMemHandle{}), 64},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s = %d, want %d", c.name, c.got, c.want)
+		}
+	}
+}
+
+const (
+	rocm5 = 50731921 // ROCm 5.7.1
+	rocm6 = 60032830 // ROCm 6.0.0
+	rocm7 = 70051831 // ROCm 7.0
+)
+
+func TestDecodeMemoryType(t *testing.T) {
+	type row struct {
+		v       Vendor
+		version int
+		raw     int32
+		managed bool
+		want    MemoryType
+		ok      bool
+	}
+	rows := []row{
+		// ROCm 5: Host 0, Device 1, Array 2, Unified 3, Managed 4.
+		{VendorHIP, rocm5, 0, false, MemoryHost, true},
+		{VendorHIP, rocm5, 1, false, MemoryDevice, true},
+		{VendorHIP, rocm5, 2, false, MemoryDevice, true},
+		{VendorHIP, rocm5, 3, false, MemoryManaged, true},
+		{VendorHIP, rocm5, 4, false, MemoryManaged, true},
+		{VendorHIP, rocm5, 1, true, MemoryManaged, true},
+		{VendorHIP, rocm5, 0, true, MemoryManaged, true},
+		{VendorHIP, rocm5, 5, false, 0, false},
+		{VendorHIP, rocm5, -1, false, 0, false},
+		// ROCm 6 and later: Unregistered 0, Host 1, Device 2, Managed 3, Array 10, Unified 11.
+		{VendorHIP, rocm6, 0, false, MemoryUnregistered, true},
+		{VendorHIP, rocm6, 1, false, MemoryHost, true},
+		{VendorHIP, rocm6, 2, false, MemoryDevice, true},
+		{VendorHIP, rocm6, 3, false, MemoryManaged, true},
+		{VendorHIP, rocm6, 10, false, MemoryDevice, true},
+		{VendorHIP, rocm6, 11, false, MemoryManaged, true},
+		{VendorHIP, rocm6, 2, true, MemoryManaged, true},
+		{VendorHIP, rocm6, 0, true, MemoryUnregistered, true},
+		{VendorHIP, rocm6, 4, false, 0, false},
+		{VendorHIP, hipROCm6Version, 1, false, MemoryHost, true},
+		{VendorHIP, hipROCm6Version - 1, 1, false, MemoryDevice, true},
+		{VendorHIP, rocm7, 2, false, MemoryDevice, true},
+		// CUDA: Unregistered 0, Host 1, Device 2, Managed 3.
+		{VendorCUDA, 13000, 0, false, MemoryUnregistered, true},
+		{VendorCUDA, 13000, 1, false, MemoryHost, true},
+		{VendorCUDA, 12080, 2, false, MemoryDevice, true},
+		{VendorCUDA, 13000, 3, false, MemoryManaged, true},
+		{VendorCUDA, 13000, 2, true, MemoryDevice, true}, // no isManaged field on CUDA
+		{VendorCUDA, 13000, 10, false, 0, false},
+		{Vendor("other"), 0, 1, false, 0, false},
+	}
+	for _, r := range rows {
+		got, ok := decodeMemoryType(r.v, r.version, r.raw, r.managed)
+		if got != r.want || ok != r.ok {
+			t.Errorf("decodeMemoryType(%s, %d, %d, managed=%v) = %v, %v; want %v, %v",
+				r.v, r.version, r.raw, r.managed, got, ok, r.want, r.ok)
+		}
+	}
+}
+
+func attrBuf(typ, device, isManaged int32, fill byte) *[pointerAttributesSize]byte {
+	var b [pointerAttributesSize]byte
+	for i := range b {
+		b[i] = fill
+	}
+	binary.NativeEndian.PutUint32(b[0:], uint32(typ))
+	binary.NativeEndian.PutUint32(b[4:], uint32(device))
+	binary.NativeEndian.PutUint32(b[24:], uint32(isManaged))
+	return &b
+}
+
+func TestDecodePointerAttributes(t *testing.T) {
+	type row struct {
+		name    string
+		v       Vendor
+		version int
+		buf     *[pointerAttributesSize]byte
+		want    MemoryType
+		dev     int
+		ok      bool
+	}
+	rows := []row{
+		{"hip6 device", VendorHIP, rocm6, attrBuf(2, 3, 0, 0), MemoryDevice, 3, true},
+		{"hip6 host", VendorHIP, rocm6, attrBuf(1, 0, 0, 0), MemoryHost, 0, true},
+		{"hip6 unregistered", VendorHIP, rocm6, attrBuf(0, 0, 0, 0), MemoryUnregistered, -1, true},
+		{"hip6 managed flag", VendorHIP, rocm6, attrBuf(2, 1, 1, 0), MemoryManaged, 1, true},
+		{"hip5 device", VendorHIP, rocm5, attrBuf(1, 7, 0, 0), MemoryDevice, 7, true},
+		{"hip5 host", VendorHIP, rocm5, attrBuf(0, 0, 0, 0), MemoryHost, 0, true},
+		{"cuda device, garbage after offset 8", VendorCUDA, 13000, attrBuf(2, 1, 1, 0xa5), MemoryDevice, 1, true},
+		{"cuda unregistered device -2", VendorCUDA, 13000, attrBuf(0, -2, 0, 0), MemoryUnregistered, -1, true},
+		{"cuda unknown", VendorCUDA, 13000, attrBuf(9, 0, 0, 0), 0, -1, false},
+	}
+	for _, r := range rows {
+		mt, dev, ok := decodePointerAttributes(r.v, r.version, r.buf)
+		if mt != r.want || dev != r.dev || ok != r.ok {
+			t.Errorf("%s: got %v, %d, %v; want %v, %d, %v", r.name, mt, dev, ok, r.want, r.dev, r.ok)
+		}
+	}
+}
+
+func envMap(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func TestHIPCandidates(t *testing.T) {
+	got := hipCandidates(envMap(map[string]string{
+		EnvHIPLibrary: "/custom/libamdhip64.so",
+		"ROCM_PATH":   "/opt/rocm-6.2.0",
+	}))
+	want := []string{
+		"/custom/libamdhip64.so",
+		"libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so",
+		"/opt/rocm-6.2.0/lib/libamdhip64.so.7", "/opt/rocm-6.2.0/lib/libamdhip64.so.6", "/opt/rocm-6.2.0/lib/libamdhip64.so",
+		"/opt/rocm/lib/libamdhip64.so.7", "/opt/rocm/lib/libamdhip64.so.6", "/opt/rocm/lib/libamdhip64.so",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("hipCandidates =\n%q\nwant\n%q", got, want)
+	}
+
+	// ROCM_PATH=/opt/rocm must not list the same paths twice.
+	got = hipCandidates(envMap(map[string]string{"ROCM_PATH": "/opt/rocm"}))
+	if len(got) != 6 || got[0] != "libamdhip64.so.7" {
+		t.Errorf("hipCandidates with ROCM_PATH=/opt/rocm = %q", got)
+	}
+}
+
+func TestCUDARuntimeCandidates(t *testing.T) {
+	wheel := "/venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcudart.so.13"
+	var patterns []string
+	glob := func(pattern string) ([]string, error) {
+		patterns = append(patterns, pattern)
+		if ok, _ := filepath.Match(pattern, wheel); ok {
+			return []string{wheel}, nil
+		}
+		return nil, nil
+	}
+	got := cudartCandidates(envMap(map[string]string{
+		EnvCUDARuntimeLibrary: "/custom/libcudart.so",
+		"VIRTUAL_ENV":         "/venv",
+		"CUDA_HOME":           "/usr/local/cuda-13.0",
+	}), glob)
+	want := []string{
+		"/custom/libcudart.so",
+		"libcudart.so.13", "libcudart.so.12",
+		wheel,
+		"/usr/local/cuda-13.0/lib64/libcudart.so.13", "/usr/local/cuda-13.0/lib64/libcudart.so.12",
+		"/usr/local/cuda/lib64/libcudart.so.13", "/usr/local/cuda/lib64/libcudart.so.12",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("cudartCandidates =\n%q\nwant\n%q", got, want)
+	}
+	var sawCuda12Wheel bool
+	for _, p := range patterns {
+		if strings.Contains(p, "nvidia/cuda_runtime/lib/libcudart.so.12") {
+			sawCuda12Wheel = true
+		}
+	}
+	if !sawCuda12Wheel {
+		t.Errorf("no glob for the CUDA 12 wheel layout among %q", patterns)
+	}
+	if d := cudaDriverCandidates(); d[0] != "libcuda.so.1" {
+		t.Errorf("driver candidates start with %q, want the soname", d[0])
+	}
+}
+
+func TestDefaultOptionsFromEnv(t *testing.T) {
+	t.Setenv(EnvHIPLibrary, "/env/libamdhip64.so")
+	t.Setenv(EnvCUDARuntimeLibrary, "/env/libcudart.so")
+	o := DefaultOptions()
+	if len(o.HIPLibraries) == 0 || o.HIPLibraries[0] != "/env/libamdhip64.so" {
+		t.Errorf("HIPLibraries = %q, want the override first", o.HIPLibraries)
+	}
+	if len(o.CUDARuntimeLibraries) == 0 || o.CUDARuntimeLibraries[0] != "/env/libcudart.so" {
+		t.Errorf("CUDARuntimeLibraries = %q, want the override first", o.CUDARuntimeLibraries)
+	}
+	if len(o.CUDADriverLibraries) == 0 {
+		t.Errorf("no driver candidates")
+	}
+}
+
+func TestOpenBogusPaths(t *testing.T) {
+	hipPath := filepath.Join(t.TempDir(), "no-such-libamdhip64.so")
+	cudaPath := filepath.Join(t.TempDir(), "no-such-libcudart.so")
+	rt, err := Open(Options{HIPLibraries: []string{hipPath}, CUDARuntimeLibraries: []string{cudaPath}})
+	if err == nil {
+		t.Fatalf("Open with bogus paths loaded %v", rt)
+	}
+	if !errors.Is(err, ErrNotSupported) {
+		t.Errorf("error %v does not match ErrNotSupported", err)
+	}
+	if cgoEnabled {
+		for _, p := range []string{hipPath, cudaPath} {
+			if !strings.Contains(err.Error(), p) {
+				t.Errorf("error %q does not name %s", err, p)
+			}
+		}
+	}
+	if _, err := Open(Options{}); !errors.Is(err, ErrNotSupported) {
+		t.Errorf("Open with no candidates: %v", err)
+	}
+}
+
+func TestOpenBogusOverrideFromEnv(t *testing.T) {
+	bogus := filepath.Join(t.TempDir(), "bogus-libamdhip64.so")
+	t.Setenv(EnvHIPLibrary, bogus)
+	rt, err := Open(DefaultOptions())
+	if err == nil {
+		// A real runtime further down the search order was usable.
+		t.Logf("loaded %s %s after the bogus override", rt.Vendor(), rt.Library())
+		return
+	}
+	if !errors.Is(err, ErrNotSupported) {
+		t.Fatalf("error %v does not match ErrNotSupported", err)
+	}
+	if cgoEnabled && !strings.Contains(err.Error(), bogus) {
+		t.Errorf("error %q does not name the override %s", err, bogus)
+	}
+}
+
+func TestLoadIsCached(t *testing.T) {
+	rt1, err1 := Load()
+	rt2, err2 := Load()
+	t.Logf("Load: %v", err1)
+	if rt1 != rt2 || err1 != err2 {
+		t.Errorf("Load returned %p, %v then %p, %v", rt1, err1, rt2, err2)
+	}
+	if Available() != (err1 == nil) {
+		t.Errorf("Available() = %v with Load error %v", Available(), err1)
+	}
+	if err1 != nil && !errors.Is(err1, ErrNotSupported) {
+		t.Errorf("Load error %v does not match ErrNotSupported", err1)
+	}
+}
