@@ -1,0 +1,366 @@
+// Package conn is one client connection to umbp_standalone_server: the gRPC
+// control plane over the server's Unix socket, the fd-handoff socket derived
+// from it, and typed wrappers for every method of umbp.UMBPStandalone that
+// validate their input, split batches at the message limit and classify
+// failures (ErrUnavailable, ErrUnimplemented, ErrRefused, ErrBadReply,
+// ErrInvalidArgument, ErrClosed).
+//
+// No wrapper adds a deadline of its own: a transfer RPC must run until the
+// server answers, since the server reads or writes the named memory until its
+// handler returns, whatever the client does meanwhile. Callers bound waits on
+// their side and pass the context they mean.
+package conn
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/umbp-go/umbp-go/internal/fdpass"
+	"github.com/umbp-go/umbp-go/proto/umbppb"
+)
+
+// MaxMessageSize is the gRPC message limit of the server, each way.
+const MaxMessageSize = 64 << 20
+
+// DefaultStartupTimeout bounds Dial's wait for a ready server when
+// Options.StartupTimeout is zero.
+const DefaultStartupTimeout = 30 * time.Second
+
+// maxRequestBytes is the largest request a batch wrapper sends; batches are
+// split to fit. A variable so that tests can lower it.
+var maxRequestBytes = MaxMessageSize
+
+// pingAttempt bounds one readiness Ping during Dial.
+const pingAttempt = time.Second
+
+// Options configures Dial.
+type Options struct {
+	// Endpoint is the server's gRPC address, "unix:///abs/path" (a bare
+	// absolute path and "unix:/abs/path" are accepted too). The fd-handoff
+	// socket path is derived from it.
+	Endpoint string
+	// StartupTimeout bounds Dial's wait for Ping to answer ready=true;
+	// DefaultStartupTimeout when zero.
+	StartupTimeout time.Duration
+	// NodeID, NodeAddress and Tags are the worker identity forwarded in
+	// every RegisterMemory; all optional.
+	NodeID, NodeAddress string
+	Tags                []string
+	// Logger receives connection events; slog.Default() when nil.
+	Logger *slog.Logger
+	// PeerCheck, when not nil, runs on the connected fd-handoff socket
+	// before a descriptor leaves the process.
+	PeerCheck fdpass.PeerCheck
+}
+
+// Capabilities is what the server's Ping says about it.
+type Capabilities struct {
+	// Ready is the server's readiness.
+	Ready bool
+	// Mode is the server's backend deployment mode.
+	Mode umbppb.StandaloneBackendMode
+	// RangedIO reports whether BatchPutRanges and BatchGetRanges are
+	// served (v2 without its SSD tier).
+	RangedIO bool
+}
+
+// Conn is one connection to a server. Its methods are safe for concurrent
+// use.
+type Conn struct {
+	endpoint string // as given
+	grpcPath string
+	fdPath   string
+	clientID string
+	nodeID   string
+	nodeAddr string
+	tags     []string
+	check    fdpass.PeerCheck
+	log      *slog.Logger
+
+	cc  *grpc.ClientConn
+	raw umbppb.UMBPStandaloneClient
+
+	closed    atomic.Bool
+	closeOnce sync.Once
+	closeErr  error
+
+	mu   sync.Mutex
+	caps Capabilities
+}
+
+// Dial connects to the server at opts.Endpoint and waits until its Ping
+// answers ready=true, for at most opts.StartupTimeout and while ctx lasts.
+// A server that is missing, not ready or not answering within that bound is
+// an error wrapping ErrUnavailable that names the address.
+func Dial(ctx context.Context, opts Options) (*Conn, error) {
+	grpcPath, fdPath, err := fdpass.SocketPaths(opts.Endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("umbp: dial: %w: %w", ErrInvalidArgument, err)
+	}
+	if opts.StartupTimeout < 0 {
+		return nil, invalid("dial", "negative startup timeout %v", opts.StartupTimeout)
+	}
+	for _, s := range append([]string{opts.NodeID, opts.NodeAddress}, opts.Tags...) {
+		if !utf8.ValidString(s) {
+			return nil, invalid("dial", "worker identity %q is not valid UTF-8", s)
+		}
+	}
+	startup := opts.StartupTimeout
+	if startup == 0 {
+		startup = DefaultStartupTimeout
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	c := &Conn{
+		endpoint: opts.Endpoint,
+		grpcPath: grpcPath,
+		fdPath:   fdPath,
+		clientID: newClientID(),
+		nodeID:   opts.NodeID,
+		nodeAddr: opts.NodeAddress,
+		tags:     append([]string(nil), opts.Tags...),
+		check:    opts.PeerCheck,
+	}
+	c.log = log.With("endpoint", opts.Endpoint, "client_id", c.clientID)
+
+	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", grpcPath)
+	}
+	// The target only names the channel; the dialer above connects to the
+	// socket, so paths need no URL escaping. The authority is "localhost",
+	// as for grpc-go's own unix scheme.
+	cc, err := grpc.NewClient("passthrough:///localhost",
+		grpc.WithContextDialer(dialer),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(
+			grpc.MaxCallRecvMsgSize(MaxMessageSize),
+			grpc.MaxCallSendMsgSize(MaxMessageSize),
+		),
+		// A restarted server is found within about a second.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: backoff.Config{
+				BaseDelay:  50 * time.Millisecond,
+				Multiplier: 1.6,
+				Jitter:     0.2,
+				MaxDelay:   time.Second,
+			},
+			MinConnectTimeout: time.Second,
+		}),
+		// Stay connected: State reflects the server, not idleness.
+		grpc.WithIdleTimeout(0),
+		grpc.WithUserAgent("umbp-go"),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("umbp: dial %s: %w", opts.Endpoint, err)
+	}
+	c.cc = cc
+	c.raw = umbppb.NewUMBPStandaloneClient(cc)
+	cc.Connect()
+
+	caps, err := c.waitReady(ctx, startup)
+	if err != nil {
+		_ = cc.Close()
+		return nil, err
+	}
+	c.setCaps(caps)
+	c.log.Debug("umbp: connected", "ranged_io", caps.RangedIO, "mode", caps.Mode.String())
+	return c, nil
+}
+
+// waitReady pings until the server answers ready=true, for at most startup
+// and while ctx lasts.
+func (c *Conn) waitReady(ctx context.Context, startup time.Duration) (Capabilities, error) {
+	sctx, cancel := context.WithTimeout(ctx, startup)
+	defer cancel()
+	pause := 20 * time.Millisecond
+	var last error
+	for attempt := 1; ; attempt++ {
+		actx, acancel := context.WithTimeout(sctx, pingAttempt)
+		resp, err := c.raw.Ping(actx, &umbppb.Empty{}, grpc.WaitForReady(true))
+		acancel()
+		switch {
+		case err != nil:
+			// An attempt cut short by the end of the wait says less
+			// than the one before it.
+			if last == nil || sctx.Err() == nil {
+				last = err
+			}
+		case !resp.GetReady():
+			last = errors.New("server answered ready=false")
+		default:
+			return capsOf(resp), nil
+		}
+		c.log.Debug("umbp: waiting for the server", "attempt", attempt, "err", last)
+		if sctx.Err() != nil {
+			break
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-sctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+		if sctx.Err() != nil {
+			break
+		}
+		pause = min(2*pause, 250*time.Millisecond)
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		return Capabilities{}, fmt.Errorf("umbp: %s: %w: %w (last attempt: %v)", c.endpoint, ErrUnavailable, cerr, last)
+	}
+	return Capabilities{}, fmt.Errorf("umbp: %s: %w: not ready within %v (last attempt: %v)", c.endpoint, ErrUnavailable, startup, last)
+}
+
+func capsOf(resp *umbppb.PingResponse) Capabilities {
+	return Capabilities{
+		Ready:    resp.GetReady(),
+		Mode:     resp.GetDeploymentMode(),
+		RangedIO: resp.GetSupportsRangedIo(),
+	}
+}
+
+func (c *Conn) setCaps(caps Capabilities) {
+	c.mu.Lock()
+	c.caps = caps
+	c.mu.Unlock()
+}
+
+// ClientID returns the id this connection registers memory and transfers
+// under: unique per connection, printable, at most fdpass.MaxClientIDLen
+// bytes.
+func (c *Conn) ClientID() string { return c.clientID }
+
+// Endpoint returns the endpoint Dial was given.
+func (c *Conn) Endpoint() string { return c.endpoint }
+
+// FDSocketPath returns the path of the server's fd-handoff socket.
+func (c *Conn) FDSocketPath() string { return c.fdPath }
+
+// SocketPath returns the path of the server's gRPC socket.
+func (c *Conn) SocketPath() string { return c.grpcPath }
+
+// Capabilities returns what the latest successful Ping (at Dial or later)
+// said.
+func (c *Conn) Capabilities() Capabilities {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.caps
+}
+
+// State returns the transport's connectivity state; cheap, no I/O.
+func (c *Conn) State() connectivity.State { return c.cc.GetState() }
+
+// WaitForStateChange blocks until the transport's state differs from s or
+// ctx ends, and reports whether it changed.
+func (c *Conn) WaitForStateChange(ctx context.Context, s connectivity.State) bool {
+	return c.cc.WaitForStateChange(ctx, s)
+}
+
+// Raw returns the bare generated client on this connection, for comparisons
+// and methods without a wrapper.
+func (c *Conn) Raw() umbppb.UMBPStandaloneClient { return c.raw }
+
+// Ping asks the server for its capabilities and records them. It fails fast
+// when the transport is down.
+func (c *Conn) Ping(ctx context.Context) (Capabilities, error) {
+	const op = "Ping"
+	if err := c.usable(op); err != nil {
+		return Capabilities{}, err
+	}
+	resp, err := c.raw.Ping(ctx, &umbppb.Empty{})
+	if err != nil {
+		return Capabilities{}, c.rpcError(ctx, op, err)
+	}
+	caps := capsOf(resp)
+	c.setCaps(caps)
+	return caps, nil
+}
+
+// Close closes the connection; RPCs still outstanding end at once with
+// ErrClosed, but the server does not notice: it keeps reading or writing the
+// memory those transfers named until its handlers return, so such memory
+// must never be freed or reused. The server also keeps whatever this client
+// registered: Deregister first when nothing may name it any more. Closing
+// again returns nil.
+func (c *Conn) Close() error {
+	c.closeOnce.Do(func() {
+		c.closed.Store(true)
+		if err := c.cc.Close(); err != nil {
+			c.closeErr = fmt.Errorf("umbp: close %s: %w", c.endpoint, err)
+		}
+	})
+	return c.closeErr
+}
+
+// usable returns ErrClosed after Close.
+func (c *Conn) usable(op string) error {
+	if c.closed.Load() {
+		return fmt.Errorf("umbp: %s: %w", op, ErrClosed)
+	}
+	return nil
+}
+
+// Client ids: "umbp-go-<host>-<pid>-<random>-<n>", unique per connection
+// (a process-wide counter) and across processes and restarts (pid and 32
+// random bits drawn once per process).
+var (
+	idCounter atomic.Uint64
+	idPrefix  = sync.OnceValue(func() string {
+		var r [4]byte
+		_, _ = rand.Read(r[:]) // never fails on Linux
+		host, _ := os.Hostname()
+		host = sanitizeHost(host)
+		tail := "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(r[:]) + "-"
+		// Room for the counter's 20 digits within MaxClientIDLen.
+		room := fdpass.MaxClientIDLen - len("umbp-go-") - len(tail) - 20
+		if room < 0 {
+			room = 0
+		}
+		if len(host) > room {
+			host = host[:room]
+		}
+		if host == "" {
+			return "umbp-go" + tail
+		}
+		return "umbp-go-" + host + tail
+	})
+)
+
+func newClientID() string {
+	return idPrefix() + strconv.FormatUint(idCounter.Add(1), 10)
+}
+
+// sanitizeHost keeps the host name's first label, in letters, digits and
+// dashes.
+func sanitizeHost(h string) string {
+	out := make([]byte, 0, len(h))
+	for i := 0; i < len(h); i++ {
+		b := h[i]
+		switch {
+		case b == '.':
+			return string(out)
+		case b >= 'a' && b <= 'z', b >= 'A' && b <= 'Z', b >= '0' && b <= '9', b == '-', b == '_':
+			out = append(out, b)
+		}
+	}
+	return string(out)
+}

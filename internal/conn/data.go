@@ -1,0 +1,323 @@
+package conn
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"unicode/utf8"
+
+	"google.golang.org/grpc"
+
+	"github.com/umbp-go/umbp-go/proto/umbppb"
+)
+
+// Segment names memory of a registered region: Size bytes at Offset from
+// RegionBase, the worker_base the region was registered with.
+type Segment struct {
+	RegionBase uint64
+	Offset     uint64
+	Size       uint64
+}
+
+// Range is one piece of a ranged (scatter/gather) transfer: Size bytes at
+// Offset from the registered region RegionBase, which are the bytes at
+// ObjectOffset of the stored object.
+type Range struct {
+	RegionBase   uint64
+	Offset       uint64
+	Size         uint64
+	ObjectOffset uint64
+}
+
+// Object is one key of a ranged batch with its ranges, in order. Size is the
+// whole object's size, sent on a put only.
+type Object struct {
+	Key    string
+	Ranges []Range
+	Size   uint64
+}
+
+// Put stores key from seg. It returns true when the server stored it or
+// already held it (the first writer wins). A refusal with a reason is an
+// error wrapping ErrRefused; a plain false is (false, nil).
+func (c *Conn) Put(ctx context.Context, key string, seg Segment) (bool, error) {
+	const op = "Put"
+	if err := c.checkOne(op, key, seg); err != nil {
+		return false, err
+	}
+	resp, err := c.raw.Put(ctx, &umbppb.PutRequest{
+		Key:        key,
+		ClientId:   c.clientID,
+		ShmOffset:  seg.Offset,
+		Size:       seg.Size,
+		RegionBase: seg.RegionBase,
+	})
+	if err != nil {
+		return false, c.rpcError(ctx, op, err)
+	}
+	return boolReply(op, resp)
+}
+
+// Get loads key into seg. It returns false when the key is missing or stored
+// with another size; a refusal with a reason is an error wrapping
+// ErrRefused.
+func (c *Conn) Get(ctx context.Context, key string, seg Segment) (bool, error) {
+	const op = "Get"
+	if err := c.checkOne(op, key, seg); err != nil {
+		return false, err
+	}
+	resp, err := c.raw.Get(ctx, &umbppb.GetRequest{
+		Key:        key,
+		ClientId:   c.clientID,
+		ShmOffset:  seg.Offset,
+		Size:       seg.Size,
+		RegionBase: seg.RegionBase,
+	})
+	if err != nil {
+		return false, c.rpcError(ctx, op, err)
+	}
+	return boolReply(op, resp)
+}
+
+func (c *Conn) checkOne(op, key string, seg Segment) error {
+	if err := c.usable(op); err != nil {
+		return err
+	}
+	if err := checkKey(op, 0, key); err != nil {
+		return err
+	}
+	if err := checkSegment(op, 0, seg); err != nil {
+		return err
+	}
+	// key, client_id, three varints.
+	if n := bytesField(len(key)) + bytesField(len(c.clientID)) + 3*11; n > maxRequestBytes {
+		return invalid(op, "key of %d bytes does not fit the %d-byte message limit", len(key), maxRequestBytes)
+	}
+	return nil
+}
+
+// BatchPut stores keys[i] from segs[i]. The result has one entry per key,
+// always: true where the server stored the key or already held it. Batches
+// are split to fit the message limit; a split batch is several requests, so
+// the server's all-or-nothing rule applies per request, and a key repeated
+// across two of them keeps the first value rather than the later one.
+func (c *Conn) BatchPut(ctx context.Context, keys []string, segs []Segment) ([]bool, error) {
+	return c.batchData(ctx, "BatchPut", keys, segs, c.raw.BatchPut)
+}
+
+// BatchGet loads keys[i] into segs[i]. The result has one entry per key,
+// always. Batches are split as for BatchPut.
+func (c *Conn) BatchGet(ctx context.Context, keys []string, segs []Segment) ([]bool, error) {
+	return c.batchData(ctx, "BatchGet", keys, segs, c.raw.BatchGet)
+}
+
+type batchDataRPC func(context.Context, *umbppb.BatchDataRequest, ...grpc.CallOption) (*umbppb.BatchBoolResponse, error)
+
+func (c *Conn) batchData(ctx context.Context, op string, keys []string, segs []Segment, rpc batchDataRPC) ([]bool, error) {
+	n := len(keys)
+	if err := c.usable(op); err != nil {
+		return make([]bool, n), err
+	}
+	if len(segs) != n {
+		return make([]bool, n), invalid(op, "%d keys but %d segments", n, len(segs))
+	}
+	for i, k := range keys {
+		if err := checkKey(op, i, k); err != nil {
+			return make([]bool, n), err
+		}
+		if err := checkSegment(op, i, segs[i]); err != nil {
+			return make([]bool, n), err
+		}
+	}
+	if n == 0 {
+		return []bool{}, nil
+	}
+	spans, err := split(op, n, fixedCost(len(c.clientID), 3), func(i int) int {
+		s := segs[i]
+		return bytesField(len(keys[i])) + varint(s.Offset) + varint(s.Size) + varint(s.RegionBase)
+	})
+	if err != nil {
+		return make([]bool, n), err
+	}
+	return c.runSpans(ctx, op, n, spans, func(ctx context.Context, s span) ([]bool, error) {
+		req := &umbppb.BatchDataRequest{
+			Keys:        keys[s.start:s.end],
+			ClientId:    c.clientID,
+			ShmOffsets:  make([]uint64, s.len()),
+			Sizes:       make([]uint64, s.len()),
+			RegionBases: make([]uint64, s.len()),
+		}
+		for j, seg := range segs[s.start:s.end] {
+			req.ShmOffsets[j] = seg.Offset
+			req.Sizes[j] = seg.Size
+			req.RegionBases[j] = seg.RegionBase
+		}
+		resp, err := rpc(ctx, req)
+		if err != nil {
+			return nil, c.rpcError(ctx, op, err)
+		}
+		return resp.GetOk(), nil
+	})
+}
+
+// BatchPutRanges stores each object from its ranges (v2), which must tile
+// [0, Size) of the object: the server answers false for an object whose
+// ranges do not. The result has one entry per object, always. A v1 server
+// answers with an error wrapping ErrUnimplemented.
+func (c *Conn) BatchPutRanges(ctx context.Context, objs []Object) ([]bool, error) {
+	return c.batchRanges(ctx, "BatchPutRanges", objs, true)
+}
+
+// BatchGetRanges loads the given ranges of each object (v2): any subset of
+// its bytes. Object.Size is not sent. The result has one entry per object,
+// always. A v1 server answers with an error wrapping ErrUnimplemented.
+func (c *Conn) BatchGetRanges(ctx context.Context, objs []Object) ([]bool, error) {
+	return c.batchRanges(ctx, "BatchGetRanges", objs, false)
+}
+
+func (c *Conn) batchRanges(ctx context.Context, op string, objs []Object, put bool) ([]bool, error) {
+	n := len(objs)
+	if err := c.usable(op); err != nil {
+		return make([]bool, n), err
+	}
+	total := 0
+	for i, o := range objs {
+		if err := checkObject(op, i, o, put); err != nil {
+			return make([]bool, n), err
+		}
+		total += len(o.Ranges)
+	}
+	if n == 0 {
+		return []bool{}, nil
+	}
+	packed := 5 // range_counts, shm_offsets, region_bases, sizes, object_offsets
+	if put {
+		packed++ // object_sizes
+	}
+	spans, err := split(op, n, fixedCost(len(c.clientID), packed), func(i int) int {
+		o := objs[i]
+		size := bytesField(len(o.Key)) + varint(uint64(len(o.Ranges)))
+		if put {
+			size += varint(o.Size)
+		}
+		for _, r := range o.Ranges {
+			size += varint(r.Offset) + varint(r.RegionBase) + varint(r.Size) + varint(r.ObjectOffset)
+		}
+		return size
+	})
+	if err != nil {
+		return make([]bool, n), err
+	}
+	rpc := c.raw.BatchGetRanges
+	if put {
+		rpc = c.raw.BatchPutRanges
+	}
+	return c.runSpans(ctx, op, n, spans, func(ctx context.Context, s span) ([]bool, error) {
+		chunk := objs[s.start:s.end]
+		ranges := total
+		if s.len() != n {
+			ranges = 0
+			for _, o := range chunk {
+				ranges += len(o.Ranges)
+			}
+		}
+		req := &umbppb.BatchRangeDataRequest{
+			Keys:          make([]string, 0, len(chunk)),
+			ClientId:      c.clientID,
+			RangeCounts:   make([]uint32, 0, len(chunk)),
+			ShmOffsets:    make([]uint64, 0, ranges),
+			RegionBases:   make([]uint64, 0, ranges),
+			Sizes:         make([]uint64, 0, ranges),
+			ObjectOffsets: make([]uint64, 0, ranges),
+		}
+		if put {
+			req.ObjectSizes = make([]uint64, 0, len(chunk))
+		}
+		for _, o := range chunk {
+			req.Keys = append(req.Keys, o.Key)
+			req.RangeCounts = append(req.RangeCounts, uint32(len(o.Ranges)))
+			if put {
+				req.ObjectSizes = append(req.ObjectSizes, o.Size)
+			}
+			for _, r := range o.Ranges {
+				req.ShmOffsets = append(req.ShmOffsets, r.Offset)
+				req.RegionBases = append(req.RegionBases, r.RegionBase)
+				req.Sizes = append(req.Sizes, r.Size)
+				req.ObjectOffsets = append(req.ObjectOffsets, r.ObjectOffset)
+			}
+		}
+		resp, err := rpc(ctx, req)
+		if err != nil {
+			return nil, c.rpcError(ctx, op, err)
+		}
+		return resp.GetOk(), nil
+	})
+}
+
+// checkKey refuses an empty key and one that is not UTF-8 (a proto3 string
+// must be).
+func checkKey(op string, i int, key string) error {
+	if key == "" {
+		return invalid(op, "key %d is empty", i)
+	}
+	if !utf8.ValidString(key) {
+		return invalid(op, "key %d (%q) is not valid UTF-8", i, key)
+	}
+	return nil
+}
+
+func checkSegment(op string, i int, s Segment) error {
+	if p := segmentProblem(s.RegionBase, s.Offset, s.Size); p != "" {
+		return invalid(op, "entry %d: %s", i, p)
+	}
+	return nil
+}
+
+// segmentProblem says what is wrong with memory named as (base, offset,
+// size), or "" when nothing is.
+func segmentProblem(base, offset, size uint64) string {
+	switch {
+	case size == 0:
+		return "size is 0"
+	case base == 0:
+		return "region base is 0"
+	case offset > math.MaxUint64-size, base > math.MaxUint64-(offset+size):
+		return fmt.Sprintf("offset %d + size %d overflows region %#x", offset, size, base)
+	}
+	return ""
+}
+
+func checkObject(op string, i int, o Object, put bool) error {
+	if err := checkKey(op, i, o.Key); err != nil {
+		return err
+	}
+	switch {
+	case len(o.Ranges) == 0:
+		return invalid(op, "object %d (%q) has no ranges", i, o.Key)
+	case uint64(len(o.Ranges)) > math.MaxUint32:
+		return invalid(op, "object %d (%q) has %d ranges", i, o.Key, len(o.Ranges))
+	case put && o.Size == 0:
+		return invalid(op, "object %d (%q): object size is 0", i, o.Key)
+	}
+	for j, r := range o.Ranges {
+		if p := segmentProblem(r.RegionBase, r.Offset, r.Size); p != "" {
+			return invalid(op, "object %d (%q) range %d: %s", i, o.Key, j, p)
+		}
+		if r.ObjectOffset > math.MaxUint64-r.Size {
+			return invalid(op, "object %d (%q) range %d: object offset %d + size %d overflows", i, o.Key, j, r.ObjectOffset, r.Size)
+		}
+	}
+	return nil
+}
+
+// boolReply turns a BoolResponse into (ok, nil), (false, nil) for a plain
+// false, or (false, *RefusedError) when the server gave a reason.
+func boolReply(op string, resp *umbppb.BoolResponse) (bool, error) {
+	if resp.GetOk() {
+		return true, nil
+	}
+	if r := resp.GetError(); r != "" {
+		return false, refused(op, r)
+	}
+	return false, nil
+}

@@ -1,0 +1,127 @@
+package conn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/umbp-go/umbp-go/internal/fdpass"
+)
+
+// Every error a Conn returns wraps at most one of these sentinels (plus, for
+// RPC failures, the gRPC status, reachable with status.FromError, and the
+// caller's context error when the context ended).
+var (
+	// ErrUnavailable means the server could not be reached: the transport
+	// failed (gRPC code Unavailable), the connection was refused, or the
+	// server never became ready at Dial.
+	ErrUnavailable = errors.New("umbp server unavailable")
+	// ErrUnimplemented means the server does not know the method: a v1
+	// server answering a v2-only call such as a ranged batch.
+	ErrUnimplemented = errors.New("method not implemented by the umbp server")
+	// ErrRefused means the server answered ok=false with a reason, or
+	// rejected an fd handoff. RefusedError carries the reason.
+	ErrRefused = errors.New("refused by the umbp server")
+	// ErrBadReply means the server's reply does not fit the request, such
+	// as a batch reply with the wrong number of results.
+	ErrBadReply = errors.New("bad reply from the umbp server")
+	// ErrInvalidArgument means the request was refused locally, before
+	// anything was sent.
+	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrClosed means the Conn was closed.
+	ErrClosed = errors.New("umbp connection closed")
+)
+
+// RefusedError is the server's ok=false answer with its reason. It matches
+// ErrRefused with errors.Is.
+type RefusedError struct {
+	// Op is the method that was refused, such as "RegisterMemory".
+	Op string
+	// Reason is the server's error text, verbatim; empty for an fd-handoff
+	// rejection, whose status carries no text.
+	Reason string
+	// Err is the underlying cause when there is one (the fd-handoff
+	// rejection), else nil.
+	Err error
+}
+
+// Error implements error.
+func (e *RefusedError) Error() string {
+	switch {
+	case e.Reason != "":
+		return fmt.Sprintf("umbp: %s refused by the server: %s", e.Op, e.Reason)
+	case e.Err != nil:
+		return fmt.Sprintf("umbp: %s refused by the server: %v", e.Op, e.Err)
+	}
+	return fmt.Sprintf("umbp: %s refused by the server", e.Op)
+}
+
+// Is reports whether target is ErrRefused.
+func (e *RefusedError) Is(target error) bool { return target == ErrRefused }
+
+// Unwrap returns the underlying cause, if any.
+func (e *RefusedError) Unwrap() error { return e.Err }
+
+// refused returns a *RefusedError for op and reason.
+func refused(op, reason string) error { return &RefusedError{Op: op, Reason: reason} }
+
+// invalid returns an error wrapping ErrInvalidArgument.
+func invalid(op, format string, args ...any) error {
+	return fmt.Errorf("umbp: %s: %w: %s", op, ErrInvalidArgument, fmt.Sprintf(format, args...))
+}
+
+// badReply returns an error wrapping ErrBadReply.
+func badReply(op, format string, args ...any) error {
+	return fmt.Errorf("umbp: %s: %w: %s", op, ErrBadReply, fmt.Sprintf(format, args...))
+}
+
+// rpcError classifies the error of an RPC made with ctx. The gRPC status stays
+// reachable through the chain.
+func (c *Conn) rpcError(ctx context.Context, op string, err error) error {
+	if c.closed.Load() {
+		return fmt.Errorf("umbp: %s: %w: %w", op, ErrClosed, err)
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		return fmt.Errorf("umbp: %s: %w: %w", op, cerr, err)
+	}
+	switch status.Code(err) {
+	case codes.DeadlineExceeded:
+		// No wrapper sets a deadline, so one that passed is the caller's,
+		// even when the server's copy of it fired a moment earlier.
+		if _, ok := ctx.Deadline(); ok {
+			return fmt.Errorf("umbp: %s: %w: %w", op, context.DeadlineExceeded, err)
+		}
+	case codes.Unavailable:
+		return fmt.Errorf("umbp: %s on %s: %w: %w", op, c.endpoint, ErrUnavailable, err)
+	case codes.Unimplemented:
+		return fmt.Errorf("umbp: %s on %s: %w: %w", op, c.endpoint, ErrUnimplemented, err)
+	}
+	return fmt.Errorf("umbp: %s on %s: %w", op, c.endpoint, err)
+}
+
+// handoffError classifies an fd-handoff failure.
+func (c *Conn) handoffError(ctx context.Context, err error) error {
+	const op = "fd handoff"
+	switch {
+	case c.closed.Load():
+		return fmt.Errorf("umbp: %s: %w: %w", op, ErrClosed, err)
+	case errors.Is(err, fdpass.ErrRejected):
+		return &RefusedError{Op: op, Err: err}
+	case errors.Is(err, fdpass.ErrInvalidMessage):
+		return fmt.Errorf("umbp: %s: %w: %w", op, ErrInvalidArgument, err)
+	case ctx.Err() != nil:
+		return fmt.Errorf("umbp: %s: %w", op, err) // fdpass already names the context error
+	case errors.Is(err, fdpass.ErrBadReply):
+		return fmt.Errorf("umbp: %s: %w: %w", op, ErrBadReply, err)
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ENOENT),
+		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
+		errors.Is(err, os.ErrDeadlineExceeded):
+		return fmt.Errorf("umbp: %s: %w: %w", op, ErrUnavailable, err)
+	}
+	return fmt.Errorf("umbp: %s: %w", op, err)
+}

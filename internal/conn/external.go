@@ -1,0 +1,187 @@
+package conn
+
+import (
+	"context"
+	"unicode/utf8"
+
+	"google.golang.org/grpc"
+
+	"github.com/umbp-go/umbp-go/proto/umbppb"
+)
+
+// The external-KV calls pass through to the server's backend. On a local
+// backend Report and Revoke return true and Match finds nothing. Hash lists
+// are split to fit the message limit like any batch.
+
+// ExternalKvMatch is one node's answer to MatchExternalKv.
+type ExternalKvMatch struct {
+	NodeID       string
+	PeerAddress  string
+	HashesByTier []TierHashes
+}
+
+// TierHashes lists the hashes found on one tier.
+type TierHashes struct {
+	Tier   umbppb.TierType
+	Hashes []string
+}
+
+// HitCount is the total hit count of one hash.
+type HitCount struct {
+	Hash  string
+	Total uint64
+}
+
+// hashSpans validates hashes and splits them to fit the message limit
+// beside a client id and a few small fields.
+func (c *Conn) hashSpans(op string, hashes []string) ([]span, error) {
+	for i, h := range hashes {
+		if !utf8.ValidString(h) {
+			return nil, invalid(op, "hash %d (%q) is not valid UTF-8", i, h)
+		}
+	}
+	fixed := fixedCost(len(c.clientID), 0) + 2*11 // tier or count_as_hit
+	return split(op, len(hashes), fixed, func(i int) int { return bytesField(len(hashes[i])) })
+}
+
+// ReportExternalKvBlocks reports hashes held on tier by this client. It
+// returns true when the server accepted every one; a refusal with a reason
+// is an error wrapping ErrRefused.
+func (c *Conn) ReportExternalKvBlocks(ctx context.Context, hashes []string, tier umbppb.TierType) (bool, error) {
+	return c.mutateExternal(ctx, "ReportExternalKvBlocks", hashes, tier, c.raw.ReportExternalKvBlocks)
+}
+
+// RevokeExternalKvBlocks withdraws hashes reported on tier by this client.
+// It returns true when the server accepted every one; a refusal with a
+// reason is an error wrapping ErrRefused.
+func (c *Conn) RevokeExternalKvBlocks(ctx context.Context, hashes []string, tier umbppb.TierType) (bool, error) {
+	return c.mutateExternal(ctx, "RevokeExternalKvBlocks", hashes, tier, c.raw.RevokeExternalKvBlocks)
+}
+
+type mutateRPC = func(context.Context, *umbppb.StandaloneExternalKvMutationRequest, ...grpc.CallOption) (*umbppb.BoolResponse, error)
+
+func (c *Conn) mutateExternal(ctx context.Context, op string, hashes []string, tier umbppb.TierType, rpc mutateRPC) (bool, error) {
+	if err := c.usable(op); err != nil {
+		return false, err
+	}
+	spans, err := c.hashSpans(op, hashes)
+	if err != nil {
+		return false, err
+	}
+	if len(spans) == 0 {
+		spans = []span{{0, 0}} // an empty report still reaches the server
+	}
+	for _, s := range spans {
+		resp, err := rpc(ctx, &umbppb.StandaloneExternalKvMutationRequest{
+			Hashes:   hashes[s.start:s.end],
+			Tier:     tier,
+			ClientId: c.clientID,
+		})
+		if err != nil {
+			return false, c.rpcError(ctx, op, err)
+		}
+		if ok, err := boolReply(op, resp); !ok {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// RevokeAllExternalKvBlocksAtTier withdraws everything this client reported
+// on tier. A refusal with a reason is an error wrapping ErrRefused.
+func (c *Conn) RevokeAllExternalKvBlocksAtTier(ctx context.Context, tier umbppb.TierType) (bool, error) {
+	const op = "RevokeAllExternalKvBlocksAtTier"
+	if err := c.usable(op); err != nil {
+		return false, err
+	}
+	resp, err := c.raw.RevokeAllExternalKvBlocksAtTier(ctx, &umbppb.StandaloneExternalKvTierRequest{
+		Tier:     tier,
+		ClientId: c.clientID,
+	})
+	if err != nil {
+		return false, c.rpcError(ctx, op, err)
+	}
+	return boolReply(op, resp)
+}
+
+// MatchExternalKv asks which nodes hold hashes, counting the lookups as hits
+// when countAsHit. A split request's answers are merged per node and tier.
+func (c *Conn) MatchExternalKv(ctx context.Context, hashes []string, countAsHit bool) ([]ExternalKvMatch, error) {
+	const op = "MatchExternalKv"
+	if err := c.usable(op); err != nil {
+		return nil, err
+	}
+	spans, err := c.hashSpans(op, hashes)
+	if err != nil {
+		return nil, err
+	}
+	if len(spans) == 0 {
+		spans = []span{{0, 0}}
+	}
+	var out []ExternalKvMatch
+	type nodeKey struct{ id, peer string }
+	index := map[nodeKey]int{}
+	for _, s := range spans {
+		resp, err := c.raw.MatchExternalKv(ctx, &umbppb.StandaloneMatchExternalKvRequest{
+			Hashes:     hashes[s.start:s.end],
+			CountAsHit: countAsHit,
+			ClientId:   c.clientID,
+		})
+		if err != nil {
+			return nil, c.rpcError(ctx, op, err)
+		}
+		for _, m := range resp.GetMatches() {
+			k := nodeKey{m.GetNodeId(), m.GetPeerAddress()}
+			i, ok := index[k]
+			if !ok {
+				i = len(out)
+				index[k] = i
+				out = append(out, ExternalKvMatch{NodeID: k.id, PeerAddress: k.peer})
+			}
+			for _, th := range m.GetHashesByTier() {
+				out[i].addTier(th.GetTier(), th.GetHashes())
+			}
+		}
+	}
+	return out, nil
+}
+
+func (m *ExternalKvMatch) addTier(tier umbppb.TierType, hashes []string) {
+	for i := range m.HashesByTier {
+		if m.HashesByTier[i].Tier == tier {
+			m.HashesByTier[i].Hashes = append(m.HashesByTier[i].Hashes, hashes...)
+			return
+		}
+	}
+	m.HashesByTier = append(m.HashesByTier, TierHashes{Tier: tier, Hashes: append([]string(nil), hashes...)})
+}
+
+// GetExternalKvHitCounts returns the hit counts the server knows for hashes,
+// in the server's order.
+func (c *Conn) GetExternalKvHitCounts(ctx context.Context, hashes []string) ([]HitCount, error) {
+	const op = "GetExternalKvHitCounts"
+	if err := c.usable(op); err != nil {
+		return nil, err
+	}
+	spans, err := c.hashSpans(op, hashes)
+	if err != nil {
+		return nil, err
+	}
+	if len(spans) == 0 {
+		spans = []span{{0, 0}}
+	}
+	var out []HitCount
+	for _, s := range spans {
+		resp, err := c.raw.GetExternalKvHitCounts(ctx, &umbppb.StandaloneExternalKvHitCountsRequest{
+			Hashes:   hashes[s.start:s.end],
+			ClientId: c.clientID,
+		})
+		if err != nil {
+			return nil, c.rpcError(ctx, op, err)
+		}
+		for _, e := range resp.GetEntries() {
+			out = append(out, HitCount{Hash: e.GetHash(), Total: e.GetHitCountTotal()})
+		}
+	}
+	return out, nil
+}

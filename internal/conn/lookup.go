@@ -1,0 +1,117 @@
+package conn
+
+import (
+	"context"
+
+	"github.com/umbp-go/umbp-go/proto/umbppb"
+)
+
+// Exists reports whether the server holds key. A missing key is
+// (false, nil); an answer with a reason is an error wrapping ErrRefused.
+// The server may still report a key it evicted until a Get of it fails.
+func (c *Conn) Exists(ctx context.Context, key string) (bool, error) {
+	const op = "Exists"
+	if err := c.usable(op); err != nil {
+		return false, err
+	}
+	if err := checkKey(op, 0, key); err != nil {
+		return false, err
+	}
+	if bytesField(len(key)) > maxRequestBytes {
+		return false, invalid(op, "key of %d bytes does not fit the %d-byte message limit", len(key), maxRequestBytes)
+	}
+	resp, err := c.raw.Exists(ctx, &umbppb.KeyRequest{Key: key})
+	if err != nil {
+		return false, c.rpcError(ctx, op, err)
+	}
+	return boolReply(op, resp)
+}
+
+// keySpans validates keys and splits them to fit the message limit.
+func keySpans(op string, keys []string) ([]span, error) {
+	for i, k := range keys {
+		if err := checkKey(op, i, k); err != nil {
+			return nil, err
+		}
+	}
+	return split(op, len(keys), 0, func(i int) int { return bytesField(len(keys[i])) })
+}
+
+// BatchExists reports, for each key in order, whether the server holds it.
+// The result has one entry per key, always; see BatchPut for how failures
+// of a split batch are reported.
+func (c *Conn) BatchExists(ctx context.Context, keys []string) ([]bool, error) {
+	const op = "BatchExists"
+	n := len(keys)
+	if err := c.usable(op); err != nil {
+		return make([]bool, n), err
+	}
+	spans, err := keySpans(op, keys)
+	if err != nil {
+		return make([]bool, n), err
+	}
+	return c.runSpans(ctx, op, n, spans, func(ctx context.Context, s span) ([]bool, error) {
+		resp, err := c.raw.BatchExists(ctx, &umbppb.BatchKeysRequest{Keys: keys[s.start:s.end]})
+		if err != nil {
+			return nil, c.rpcError(ctx, op, err)
+		}
+		return resp.GetOk(), nil
+	})
+}
+
+// BatchExistsConsecutive returns how many leading keys the server holds.
+// On an error the count covers the keys answered before it.
+func (c *Conn) BatchExistsConsecutive(ctx context.Context, keys []string) (int, error) {
+	const op = "BatchExistsConsecutive"
+	if err := c.usable(op); err != nil {
+		return 0, err
+	}
+	spans, err := keySpans(op, keys)
+	if err != nil {
+		return 0, err
+	}
+	total := 0
+	for _, s := range spans {
+		resp, err := c.raw.BatchExistsConsecutive(ctx, &umbppb.BatchKeysRequest{Keys: keys[s.start:s.end]})
+		if err != nil {
+			return total, c.rpcError(ctx, op, err)
+		}
+		got := resp.GetCount()
+		if got > uint64(s.len()) {
+			return total, badReply(op, "count %d for %d keys", got, s.len())
+		}
+		total += int(got)
+		if int(got) < s.len() {
+			break
+		}
+	}
+	return total, nil
+}
+
+// Clear drops every object of every engine on the server; registrations
+// stay. A false answer with a reason is an error wrapping ErrRefused.
+func (c *Conn) Clear(ctx context.Context) (bool, error) {
+	const op = "Clear"
+	if err := c.usable(op); err != nil {
+		return false, err
+	}
+	resp, err := c.raw.Clear(ctx, &umbppb.Empty{})
+	if err != nil {
+		return false, c.rpcError(ctx, op, err)
+	}
+	return boolReply(op, resp)
+}
+
+// Flush asks the server to persist its pending tiers. A false answer with a
+// reason is an error wrapping ErrRefused.
+func (c *Conn) Flush(ctx context.Context) (bool, error) {
+	const op = "Flush"
+	if err := c.usable(op); err != nil {
+		return false, err
+	}
+	resp, err := c.raw.Flush(ctx, &umbppb.Empty{})
+	if err != nil {
+		return false, c.rpcError(ctx, op, err)
+	}
+	return boolReply(op, resp)
+}
