@@ -1,0 +1,148 @@
+// Command standalone-server runs the Go implementation of
+// umbp_standalone_server as a process: a stand-in for MORI's binary on hosts
+// without it.
+//
+//	standalone-server -endpoint unix:///run/umbp/standalone/node0.grpc.sock -capacity 4GiB
+//
+// It prints "listening on <endpoint>" on stdout once both sockets accept
+// connections, and on SIGTERM or SIGINT closes (sockets unlinked) and exits 0.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/umbp-go/umbp-go/internal/server"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// defaultEndpoint is MORI's default node address.
+func defaultEndpoint() string {
+	node := os.Getenv("UMBP_NODE_ID")
+	if node == "" {
+		node = "node0"
+	}
+	return "unix:///run/umbp/standalone/" + node + ".grpc.sock"
+}
+
+// run is main without the exit: it returns the exit status.
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("standalone-server", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	endpoint := fs.String("endpoint", defaultEndpoint(), "gRPC socket: an absolute path or unix:///abs/path (the fd socket is derived)")
+	capacity := fs.String("capacity", "1GiB", "DRAM pool size in bytes; suffixes K, M, G, T (and KiB, MiB, GiB, TiB) are powers of 1024, KB, MB, GB, TB powers of 1000")
+	version := fs.Int("version", 2, "protocol version: 1 (host memory, contiguous batches) or 2 (adds ranged I/O and GPU IPC)")
+	noRanged := fs.Bool("no-ranged-io", false, "behave as a v2 server with its SSD tier on: no ranged I/O advertised, GPU IPC refused")
+	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() != 0 {
+		fmt.Fprintf(stderr, "standalone-server: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
+		fmt.Fprintf(stderr, "standalone-server: -log-level: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+	size, err := parseSize(*capacity)
+	if err != nil {
+		log.Error("invalid -capacity", "err", err)
+		return 2
+	}
+	if *version != 1 && *version != 2 {
+		log.Error("invalid -version: want 1 or 2", "version", *version)
+		return 2
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	srv, err := server.New(server.Options{
+		Endpoint:        *endpoint,
+		Capacity:        size,
+		Version:         *version,
+		DisableRangedIO: *noRanged,
+		Logger:          log,
+	})
+	if err != nil {
+		log.Error("cannot start", "err", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "listening on %s\n", srv.Endpoint())
+	<-ctx.Done()
+	stop() // a second signal now ends the process at once
+	log.Info("signal received; shutting down")
+	if err := srv.Close(); err != nil {
+		log.Error("close", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// parseSize reads a byte count: a decimal integer with an optional unit.
+// K, M, G, T, KiB, MiB, GiB, TiB are powers of 1024; KB, MB, GB, TB powers
+// of 1000; B is bytes. Units are case-insensitive and may follow a space.
+func parseSize(s string) (uint64, error) {
+	t := strings.TrimSpace(s)
+	i := 0
+	for i < len(t) && t[i] >= '0' && t[i] <= '9' {
+		i++
+	}
+	if i == 0 {
+		return 0, fmt.Errorf("size %q: want a number of bytes, like 4GiB", s)
+	}
+	n, err := strconv.ParseUint(t[:i], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("size %q: %w", s, err)
+	}
+	unit := strings.ToLower(strings.TrimSpace(t[i:]))
+	var mult uint64
+	switch unit {
+	case "", "b":
+		mult = 1
+	case "k", "kib":
+		mult = 1 << 10
+	case "m", "mib":
+		mult = 1 << 20
+	case "g", "gib":
+		mult = 1 << 30
+	case "t", "tib":
+		mult = 1 << 40
+	case "kb":
+		mult = 1e3
+	case "mb":
+		mult = 1e6
+	case "gb":
+		mult = 1e9
+	case "tb":
+		mult = 1e12
+	default:
+		return 0, fmt.Errorf("size %q: unknown unit %q", s, t[i:])
+	}
+	if n > math.MaxUint64/mult {
+		return 0, fmt.Errorf("size %q overflows", s)
+	}
+	if n*mult == 0 {
+		return 0, fmt.Errorf("size %q: must not be 0", s)
+	}
+	return n * mult, nil
+}

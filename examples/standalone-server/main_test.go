@@ -1,0 +1,213 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/umbp-go/umbp-go/proto/umbppb"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// buildServer compiles this command into a temporary directory.
+func buildServer(t *testing.T) string {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skipf("no go command to build with: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "standalone-server")
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, goTool, "build", "-o", bin, ".")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func TestRunAndSIGTERM(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildServer(t)
+	dir, err := os.MkdirTemp("", "umbpx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	grpcPath := filepath.Join(dir, "sock", "node7.grpc.sock")
+	fdPath := filepath.Join(dir, "sock", "node7.fd.sock")
+	endpoint := "unix://" + grpcPath
+
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		ranged bool
+	}{
+		{"v2", []string{"-capacity", "64MiB"}, true},
+		{"v1", []string{"-capacity", "1G", "-version", "1"}, false},
+		{"no ranged io", []string{"-no-ranged-io"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, bin, append([]string{"-endpoint", endpoint}, tc.args...)...)
+			stdout, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			ready := make(chan string, 1)
+			go func() {
+				sc := bufio.NewScanner(stdout)
+				for sc.Scan() {
+					if line := sc.Text(); strings.HasPrefix(line, "listening on ") {
+						ready <- line
+					}
+				}
+				_, _ = io.Copy(io.Discard, stdout)
+				close(ready)
+			}()
+			select {
+			case line, ok := <-ready:
+				if !ok {
+					_ = cmd.Wait()
+					t.Fatalf("exited before ready; stderr:\n%s", stderr.String())
+				}
+				if line != "listening on "+endpoint {
+					t.Errorf("ready line %q", line)
+				}
+			case <-time.After(30 * time.Second):
+				_ = cmd.Process.Kill()
+				_ = cmd.Wait()
+				t.Fatalf("not ready within 30s; stderr:\n%s", stderr.String())
+			}
+
+			cc, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := umbppb.NewUMBPStandaloneClient(cc).Ping(ctx, &umbppb.Empty{})
+			_ = cc.Close()
+			if err != nil || !r.Ready || r.SupportsRangedIo != tc.ranged {
+				t.Fatalf("Ping = %v, %v", r, err)
+			}
+			for _, p := range []string{grpcPath, fdPath} {
+				if st, err := os.Lstat(p); err != nil || st.Mode().Perm() != 0o600 {
+					t.Fatalf("%s: %v %v", p, st, err)
+				}
+			}
+
+			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			waited := make(chan error, 1)
+			go func() { waited <- cmd.Wait() }()
+			select {
+			case err := <-waited:
+				if err != nil {
+					t.Fatalf("exit after SIGTERM: %v; stderr:\n%s", err, stderr.String())
+				}
+			case <-time.After(20 * time.Second):
+				_ = cmd.Process.Kill()
+				<-waited
+				t.Fatal("did not exit within 20s of SIGTERM")
+			}
+			for range ready {
+			}
+			for _, p := range []string{grpcPath, fdPath} {
+				if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("%s left behind: %v", p, err)
+				}
+			}
+		})
+	}
+}
+
+func TestRunRejectsBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"-capacity", "lots"},
+		{"-capacity", "0"},
+		{"-version", "3"},
+		{"-endpoint", "relative.sock"},
+		{"-log-level", "loud"},
+		{"extra"},
+	} {
+		var out, errOut bytes.Buffer
+		if code := run(args, &out, &errOut); code == 0 {
+			t.Errorf("run(%q) = 0, want an error", args)
+		}
+		if out.Len() != 0 {
+			t.Errorf("run(%q) printed %q", args, out.String())
+		}
+	}
+}
+
+func TestDefaultEndpoint(t *testing.T) {
+	t.Setenv("UMBP_NODE_ID", "")
+	if got := defaultEndpoint(); got != "unix:///run/umbp/standalone/node0.grpc.sock" {
+		t.Errorf("default endpoint %q", got)
+	}
+	t.Setenv("UMBP_NODE_ID", "n3")
+	if got := defaultEndpoint(); got != "unix:///run/umbp/standalone/n3.grpc.sock" {
+		t.Errorf("default endpoint %q", got)
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]uint64{
+		"4096": 4096, "4GiB": 4 << 30, "512MiB": 512 << 20, "512M": 512 << 20, "1g": 1 << 30,
+		"2 KiB": 2048, "3KB": 3000, "1TB": 1e12, "1T": 1 << 40, "7b": 7, " 5 mb ": 5e6,
+	} {
+		got, err := parseSize(in)
+		if err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "GiB", "-1", "1.5G", "4 GiBs", "0", "0GiB", "16777216TiB", "99999999999999999999", "1e9"} {
+		if got, err := parseSize(in); err == nil {
+			t.Errorf("parseSize(%q) = %d, want an error", in, got)
+		}
+	}
+}
+
+// FuzzParseSize: never panics; an accepted size is positive and round-trips
+// through its plain-bytes form.
+func FuzzParseSize(f *testing.F) {
+	for _, s := range []string{"4GiB", "512MiB", "1", "17 kb", "18446744073709551615", "16777215TiB", "x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, err := parseSize(s)
+		if err != nil {
+			return
+		}
+		if n == 0 {
+			t.Fatalf("parseSize(%q) = 0", s)
+		}
+		back, err := parseSize(strconv.FormatUint(n, 10))
+		if err != nil || back != n {
+			t.Fatalf("round trip of %d: %d, %v", n, back, err)
+		}
+	})
+}

@@ -1,0 +1,45 @@
+package server
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/umbp-go/umbp-go/proto/umbppb"
+)
+
+// BenchmarkBatchExists1024 measures a 1024-key BatchExists round trip (half
+// of the keys stored) through the generated client.
+func BenchmarkBatchExists1024(b *testing.B) {
+	h := newHarness(b, Options{Capacity: 64 << 20})
+	m := newMemfd(b, 1<<20)
+	h.register(b, "bench", m)
+	keys := make([]string, 1024)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("model/layer-%04d/block-%08x", i, i*2654435761)
+		if i%2 == 0 {
+			wantOK(b, "put", h.put(b, "bench", keys[i], m.base, 0, 4096))
+		}
+	}
+	ctx := ctxT(b)
+	req := &umbppb.BatchKeysRequest{Keys: keys}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		r, err := h.c.BatchExists(ctx, req)
+		if err != nil || len(r.Ok) != len(keys) {
+			b.Fatalf("BatchExists: %v", err)
+		}
+	}
+}
+
+// BenchmarkPing measures one Ping round trip through the generated client.
+func BenchmarkPing(b *testing.B) {
+	h := newHarness(b, Options{Capacity: 1 << 20})
+	ctx := ctxT(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := h.c.Ping(ctx, &umbppb.Empty{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,159 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/umbp-go/umbp-go/internal/fdpass"
+)
+
+// acceptFD serves the fd-handoff socket: one registration per connection,
+// at most maxFDConns connections at once.
+func (s *Server) acceptFD() {
+	defer s.wg.Done()
+	sem := make(chan struct{}, maxFDConns)
+	const minBackoff = 5 * time.Millisecond
+	backoff := minBackoff
+	for {
+		conn, err := s.fdSock.ln.AcceptUnix()
+		if err != nil {
+			if s.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// EMFILE and the like: wait a little, bounded, and retry.
+			s.log.Warn("umbp server: accept on the fd socket", "err", err)
+			t := time.NewTimer(backoff)
+			select {
+			case <-s.ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = minBackoff
+		select {
+		case sem <- struct{}{}:
+		case <-s.ctx.Done():
+			_ = conn.Close()
+			return
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer func() { <-sem }()
+			s.serveFD(conn)
+		}()
+	}
+}
+
+// serveFD handles one fd-handoff connection: receive, register, reply, close.
+func (s *Server) serveFD(conn *net.UnixConn) {
+	defer conn.Close()
+	if !s.trackFD(conn) {
+		return
+	}
+	defer s.untrackFD(conn)
+	s.fdHandoffs.Add(1)
+	status := s.handoff(conn)
+	if status != fdpass.StatusOK {
+		s.fdRejected.Add(1)
+	}
+	if err := fdpass.Reply(conn, status, time.Now().Add(s.opts.FDReceiveTimeout)); err != nil {
+		s.log.Debug("umbp server: fd handoff reply", "err", err)
+	}
+}
+
+func (s *Server) handoff(conn *net.UnixConn) int32 {
+	var refused error
+	if gate := s.opts.FDGate; gate != nil {
+		refused = gate(s.ctx)
+	}
+	// The message is read even when the gate refused it, so that the client
+	// gets its -1 rather than a broken pipe, and its descriptor is closed.
+	reg, f, err := fdpass.Receive(conn, time.Now().Add(s.opts.FDReceiveTimeout))
+	if err != nil {
+		if refused == nil && s.ctx.Err() == nil {
+			s.log.Warn("umbp server: fd handoff: no valid registration", "err", err)
+		}
+		return fdpass.StatusFailed
+	}
+	if refused != nil || s.ops.isClosing() {
+		_ = f.Close()
+		s.log.Debug("umbp server: fd handoff refused", "client", reg.ClientID, "gate", refused)
+		return fdpass.StatusFailed
+	}
+	if err := s.registerFD(reg, f); err != nil {
+		s.log.Warn("umbp server: fd handoff refused", "client", reg.ClientID,
+			"worker_base", reg.WorkerBase, "size", reg.Size, "err", err)
+		return fdpass.StatusFailed
+	}
+	s.log.Debug("umbp server: host region registered", "client", reg.ClientID,
+		"worker_base", reg.WorkerBase, "size", reg.Size)
+	return fdpass.StatusOK
+}
+
+// registerFD maps size bytes of the received file and records them as the
+// client's region at worker_base. The file must be a regular file (a memfd)
+// at least that large: mapping past its end would fault on first touch.
+func (s *Server) registerFD(reg fdpass.Registration, f *os.File) error {
+	defer f.Close()
+	fd := int(f.Fd())
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("fstat: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return fmt.Errorf("descriptor is not a regular file (mode %#o)", st.Mode)
+	}
+	if st.Size < 0 || reg.Size > uint64(st.Size) {
+		return fmt.Errorf("registration claims %d bytes of a %d-byte file", reg.Size, st.Size)
+	}
+	if reg.Size > math.MaxInt {
+		return fmt.Errorf("size %d cannot be mapped", reg.Size)
+	}
+	mem, err := unix.Mmap(fd, 0, int(reg.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("mmap %d bytes: %w", reg.Size, err)
+	}
+	if err := s.regs.addHost(reg.ClientID, reg.WorkerBase, mem); err != nil {
+		_ = unix.Munmap(mem)
+		return err
+	}
+	return nil
+}
+
+func (s *Server) trackFD(c *net.UnixConn) bool {
+	s.fdMu.Lock()
+	defer s.fdMu.Unlock()
+	if s.fdDone {
+		return false
+	}
+	s.fdConns[c] = struct{}{}
+	return true
+}
+
+func (s *Server) untrackFD(c *net.UnixConn) {
+	s.fdMu.Lock()
+	defer s.fdMu.Unlock()
+	delete(s.fdConns, c)
+}
+
+// expireFDConns ends every fd-handoff connection: closing (rather than
+// expiring a deadline, which a Receive starting later would reset) makes
+// every read or write on it, in progress or to come, fail at once.
+func (s *Server) expireFDConns() {
+	s.fdMu.Lock()
+	defer s.fdMu.Unlock()
+	s.fdDone = true
+	for c := range s.fdConns {
+		_ = c.Close()
+	}
+}

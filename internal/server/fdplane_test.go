@@ -1,0 +1,275 @@
+package server
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/umbp-go/umbp-go/internal/fdpass"
+)
+
+// rawConn connects to the fd socket.
+func rawConn(t *testing.T, h *harness) *net.UnixConn {
+	t.Helper()
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: h.srv.FDSocketPath(), Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c
+}
+
+// readStatus reads the server's reply: a status, then EOF.
+func readStatus(t *testing.T, c *net.UnixConn) int32 {
+	t.Helper()
+	var b [4]byte
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		t.Fatalf("read status: %v", err)
+	}
+	// The server closes the connection: EOF, or a reset when it left
+	// unread bytes behind.
+	if n, err := c.Read(b[:1]); n != 0 || !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("after the status: %d bytes, %v; want EOF (one registration per connection)", n, err)
+	}
+	return int32(binary.LittleEndian.Uint32(b[:]))
+}
+
+func validMsg(t *testing.T, size uint64) []byte {
+	t.Helper()
+	msg, err := fdpass.Registration{ClientID: "raw", WorkerBase: 0x1000, Size: size}.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return msg
+}
+
+func TestFDPlaneRobustness(t *testing.T) {
+	h := newHarness(t, Options{Capacity: 1 << 20, FDReceiveTimeout: 300 * time.Millisecond})
+	m := newMemfd(t, 8192)
+	before := openFDs(t)
+
+	t.Run("garbage without fd", func(t *testing.T) {
+		c := rawConn(t, h)
+		defer c.Close()
+		if _, err := c.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n" + string(make([]byte, 60)))); err != nil {
+			t.Fatal(err)
+		}
+		if st := readStatus(t, c); st != fdpass.StatusFailed {
+			t.Fatalf("status %d", st)
+		}
+	})
+	t.Run("valid message, no fd", func(t *testing.T) {
+		c := rawConn(t, h)
+		defer c.Close()
+		if _, err := c.Write(validMsg(t, 4096)); err != nil {
+			t.Fatal(err)
+		}
+		if st := readStatus(t, c); st != fdpass.StatusFailed {
+			t.Fatalf("status %d", st)
+		}
+	})
+	t.Run("bad magic with fd", func(t *testing.T) {
+		c := rawConn(t, h)
+		defer c.Close()
+		msg := validMsg(t, 4096)
+		msg[0] ^= 0xff
+		if _, _, err := c.WriteMsgUnix(msg, unix.UnixRights(m.fd), nil); err != nil {
+			t.Fatal(err)
+		}
+		if st := readStatus(t, c); st != fdpass.StatusFailed {
+			t.Fatalf("status %d", st)
+		}
+	})
+	t.Run("two fds", func(t *testing.T) {
+		c := rawConn(t, h)
+		defer c.Close()
+		if _, _, err := c.WriteMsgUnix(validMsg(t, 4096), unix.UnixRights(m.fd, m.fd), nil); err != nil {
+			t.Fatal(err)
+		}
+		if st := readStatus(t, c); st != fdpass.StatusFailed {
+			t.Fatalf("status %d", st)
+		}
+	})
+	t.Run("truncated then closed", func(t *testing.T) {
+		c := rawConn(t, h)
+		if _, _, err := c.WriteMsgUnix(validMsg(t, 4096)[:40], unix.UnixRights(m.fd), nil); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.Close()
+	})
+	t.Run("truncated then silent", func(t *testing.T) {
+		c := rawConn(t, h)
+		defer c.Close()
+		if _, _, err := c.WriteMsgUnix(validMsg(t, 4096)[:40], unix.UnixRights(m.fd), nil); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if st := readStatus(t, c); st != fdpass.StatusFailed {
+			t.Fatalf("status %d", st)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Fatalf("the receive timeout did not apply: %v", d)
+		}
+	})
+	t.Run("silent", func(t *testing.T) {
+		c := rawConn(t, h)
+		defer c.Close()
+		if st := readStatus(t, c); st != fdpass.StatusFailed {
+			t.Fatalf("status %d", st)
+		}
+	})
+	t.Run("long message", func(t *testing.T) {
+		c := rawConn(t, h)
+		defer c.Close()
+		msg := append(validMsg(t, 4096), 1, 2, 3)
+		if _, _, err := c.WriteMsgUnix(msg, unix.UnixRights(m.fd), nil); err != nil {
+			t.Fatal(err)
+		}
+		if st := readStatus(t, c); st != fdpass.StatusFailed {
+			t.Fatalf("status %d", st)
+		}
+	})
+	t.Run("connect and close", func(t *testing.T) {
+		c := rawConn(t, h)
+		_ = c.Close()
+	})
+	t.Run("valid after all that", func(t *testing.T) {
+		c := rawConn(t, h)
+		defer c.Close()
+		if _, _, err := c.WriteMsgUnix(validMsg(t, 8192), unix.UnixRights(m.fd), nil); err != nil {
+			t.Fatal(err)
+		}
+		if st := readStatus(t, c); st != fdpass.StatusOK {
+			t.Fatalf("status %d", st)
+		}
+	})
+	// Every descriptor the server received was closed (the mapping of the
+	// valid one stays, without a descriptor).
+	if !waitFor(5*time.Second, func() bool { return openFDs(t) <= before }) {
+		t.Fatalf("descriptors leaked: %d before, %d after", before, openFDs(t))
+	}
+	if !h.srv.regs.hasHost("raw", 0x1000, 8192) {
+		t.Fatal("the valid registration was not recorded")
+	}
+}
+
+func TestFDPlaneConcurrent(t *testing.T) {
+	h := newHarness(t, Options{Capacity: 1 << 20})
+	const n = 40
+	mems := make([]*memfd, n)
+	for i := range mems {
+		mems[i] = newMemfd(t, 4096)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- fdpass.Send(context.Background(), h.srv.FDSocketPath(), mems[i].fd,
+				fdpass.Registration{ClientID: "many", WorkerBase: mems[i].base, Size: 4096}, nil)
+		}()
+	}
+	// Some silent connections hold slots meanwhile.
+	for range 4 {
+		c := rawConn(t, h)
+		defer c.Close()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := h.srv.Stats(); st.Regions != n {
+		t.Fatalf("regions %d, want %d", st.Regions, n)
+	}
+}
+
+func TestFDGate(t *testing.T) {
+	var mu sync.Mutex
+	refuse := true
+	h := newHarness(t, Options{Capacity: 1 << 20, FDGate: func(ctx context.Context) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if refuse {
+			return errors.New("refused by the test")
+		}
+		return nil
+	}})
+	m := newMemfd(t, 4096)
+	if err := h.handoff(t, "c", m, m.base, 4096); !errors.Is(err, fdpass.ErrRejected) {
+		t.Fatalf("gated handoff: %v", err)
+	}
+	mu.Lock()
+	refuse = false
+	mu.Unlock()
+	if err := h.handoff(t, "c", m, m.base, 4096); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCloseReleasesStalledHandoff: Close ends a gate waiting on its context
+// and a connection waiting for its message, without waiting for the
+// receive timeout.
+func TestCloseReleasesStalledHandoff(t *testing.T) {
+	gated := make(chan struct{}, 1)
+	srv, err := New(Options{
+		Endpoint: shortDir(t) + "/g.sock", Capacity: 1 << 20, Logger: testLogger(),
+		FDReceiveTimeout: time.Minute,
+		FDGate: func(ctx context.Context) error {
+			gated <- struct{}{}
+			<-ctx.Done()
+			return ctx.Err()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: srv.FDSocketPath(), Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	<-gated
+	start := time.Now()
+	if err := srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("Close took %v", d)
+	}
+}
+
+// TestCloseReleasesSilentHandoff: Close does not wait for the receive
+// timeout of a connection that sends nothing.
+func TestCloseReleasesSilentHandoff(t *testing.T) {
+	srv, err := New(Options{Endpoint: shortDir(t) + "/s.sock", Capacity: 1 << 20, Logger: testLogger(), FDReceiveTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: srv.FDSocketPath(), Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if !waitFor(5*time.Second, func() bool { return srv.Stats().FDHandoffs == 1 }) {
+		t.Fatal("connection not served")
+	}
+	start := time.Now()
+	if err := srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("Close took %v", d)
+	}
+}

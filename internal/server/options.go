@@ -1,0 +1,124 @@
+// Package server is a Go implementation of the umbp_standalone_server
+// protocol (PROTOCOL.md): a gRPC control plane and an fd-handoff plane on
+// two Unix sockets, a DRAM pool outside the Go heap with a byte capacity and
+// LRU eviction, host regions shared by memfd, and GPU regions opened from IPC
+// handles through a pluggable GPUBackend.
+//
+// It stands in for MORI's binary on hosts without it: the umbptest package
+// and the standalone-server example run it.
+package server
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"google.golang.org/grpc"
+)
+
+// Defaults and limits.
+const (
+	// DefaultCapacity is the DRAM pool size used when Options.Capacity is 0.
+	DefaultCapacity uint64 = 1 << 30
+	// DefaultFDReceiveTimeout bounds each fd-handoff connection when
+	// Options.FDReceiveTimeout is 0.
+	DefaultFDReceiveTimeout = 5 * time.Second
+	// MaxMessageSize is the gRPC message limit, each way.
+	MaxMessageSize = 64 << 20
+	// IPCHandleSize is the size of a HIP (or CUDA) IPC memory handle.
+	IPCHandleSize = 64
+)
+
+// Reply texts of the protocol. Clients and tests compare against them.
+const (
+	// MsgFDRegistrationNotFound answers a RegisterMemory whose fd handoff is
+	// missing (or smaller than the size asked for).
+	MsgFDRegistrationNotFound = "fd handoff registration was not found"
+	// MsgBadShmBuffer answers a data op whose memory does not resolve to a
+	// registered region of the client.
+	MsgBadShmBuffer = "unregistered or out-of-range shm buffer"
+	// MsgShuttingDown answers every call that arrives while Close runs.
+	MsgShuttingDown = "server is shutting down"
+	// MsgGPUNeedsSSDDisabled refuses GPU IPC registration on a server whose
+	// SSD tier is on (Options.DisableRangedIO).
+	MsgGPUNeedsSSDDisabled = "GPU IPC registration requires SSD to be disabled (this server runs with its SSD tier on)"
+	// MsgGPUUnsupported refuses GPU IPC registration when the server has no
+	// GPUBackend.
+	MsgGPUUnsupported = "GPU IPC registration is not supported by this server build"
+)
+
+// Options configure a Server. Only Endpoint is required.
+type Options struct {
+	// Endpoint is the gRPC socket: an absolute path or unix:///abs/path. The
+	// fd-handoff socket path is derived from it (fdpass.SocketPaths).
+	Endpoint string
+	// Capacity is the DRAM pool size in bytes; 0 means DefaultCapacity.
+	Capacity uint64
+	// Version is the protocol generation: 2 (the default when 0) serves
+	// ranged I/O and GPU regions; 1 answers the v2-only methods with
+	// codes.Unimplemented, ignores RegisterMemory's GPU fields and leaves
+	// PingResponse.supports_ranged_io unset.
+	Version int
+	// DisableRangedIO makes a v2 server behave as with its SSD tier on: Ping
+	// reports supports_ranged_io=false and GPU IPC registration is refused.
+	// Ranged calls are still answered.
+	DisableRangedIO bool
+	// FDReceiveTimeout bounds each fd-handoff connection; 0 means
+	// DefaultFDReceiveTimeout.
+	FDReceiveTimeout time.Duration
+	// Logger receives the server's logs; nil means slog.Default().
+	Logger *slog.Logger
+	// UnaryInterceptor, when set, wraps every gRPC handler (fault injection,
+	// counting).
+	UnaryInterceptor grpc.UnaryServerInterceptor
+	// FDGate, when set, runs before each fd-handoff connection is served; a
+	// non-nil error answers the registration with -1. Its context ends when
+	// the server closes, and it must return then: Close waits for it.
+	FDGate func(ctx context.Context) error
+	// GPU opens IPC handles and copies between GPU regions and the pool. Nil
+	// refuses GPU IPC registration with MsgGPUUnsupported.
+	GPU GPUBackend
+}
+
+// GPUBackend is what the server needs from a GPU runtime to serve GPU_IPC
+// regions. Pointers are device addresses (or, for the pool, host addresses of
+// the pinned arena); device is the ordinal the client named. Every method
+// must set the device it needs itself.
+type GPUBackend interface {
+	// OpenIPC opens a 64-byte IPC handle on device and returns the base of
+	// the mapped allocation.
+	OpenIPC(device int, handle []byte) (uintptr, error)
+	// CloseIPC closes a pointer OpenIPC returned.
+	CloseIPC(device int, ptr uintptr) error
+	// CopyToPool copies n bytes from device memory src to pool memory dst.
+	CopyToPool(device int, dst, src uintptr, n uint64) error
+	// CopyFromPool copies n bytes from pool memory src to device memory dst.
+	CopyFromPool(device int, dst, src uintptr, n uint64) error
+	// Pin page-locks the pool's arena [ptr, ptr+n) for fast DMA.
+	Pin(ptr uintptr, n uint64) error
+	// Unpin undoes Pin before the arena is unmapped.
+	Unpin(ptr uintptr) error
+}
+
+// Stats is a snapshot of the server's state.
+type Stats struct {
+	// Objects is the number of stored objects.
+	Objects int
+	// BytesUsed is the sum of stored (and reserved) object sizes.
+	BytesUsed uint64
+	// Capacity is the DRAM pool's capacity in bytes.
+	Capacity uint64
+	// ArenaBytes is the size of the mapped arena (Capacity rounded up to a page).
+	ArenaBytes uint64
+	// Evictions counts objects evicted to make room since the server started.
+	Evictions uint64
+	// Regions is the number of registered regions, host and GPU.
+	Regions int
+	// Clients is the number of client ids holding at least one region.
+	Clients int
+	// GPUHandles is the number of open IPC handles.
+	GPUHandles int
+	// FDHandoffs counts fd-handoff connections served; FDRejected those
+	// answered -1.
+	FDHandoffs, FDRejected uint64
+}

@@ -1,0 +1,80 @@
+package server
+
+import "testing"
+
+// TestPoolReaderKeepsEvictedBytes: an object evicted (or cleared) while a
+// reader holds it keeps its extent until the reader releases it.
+func TestPoolReaderKeepsEvictedBytes(t *testing.T) {
+	p, err := newPool(8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	put := func(key string, size uint64, seed byte) *object {
+		t.Helper()
+		o, err := p.reserve(size, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fill(p.view(o, 0, size), seed)
+		if !p.publish(key, o) {
+			t.Fatal("publish refused")
+		}
+		return o
+	}
+	put("a", 4096, 1)
+	put("b", 4096, 2)
+	held := p.acquire("a") // a is now most recent; b least
+	if held == nil {
+		t.Fatal("acquire a")
+	}
+	// Needs all 8 KiB: evicts b, then a (held: its bytes stay reserved), and
+	// still cannot fit.
+	if _, err := p.reserve(8192, 0); err == nil {
+		t.Fatal("reserve reused bytes a reader holds")
+	}
+	if p.contains("a") || p.contains("b") {
+		t.Fatal("evicted objects still indexed")
+	}
+	o, err := p.reserve(4096, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.off == held.off {
+		t.Fatal("new object placed over a held one")
+	}
+	fill(p.view(o, 0, 4096), 9)
+	if string(p.view(held, 0, 4096)) != string(pattern(4096, 1)) {
+		t.Fatal("held bytes overwritten")
+	}
+	p.abort(o)
+	p.release(held)
+	var st Stats
+	p.stats(&st)
+	if st.BytesUsed != 0 || st.Evictions != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+	if _, err := p.reserve(8192, 0); err != nil {
+		t.Fatalf("after release: %v", err)
+	}
+
+}
+
+func TestPoolClearWhileHeld(t *testing.T) {
+	p, err := newPool(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	o, _ := p.reserve(4096, 0)
+	p.publish("k", o)
+	held := p.acquire("k")
+	p.clear()
+	if _, err := p.reserve(64, 0); err == nil {
+		t.Fatal("cleared but held bytes reused")
+	}
+	p.release(held)
+	if _, err := p.reserve(4096, 0); err != nil {
+		t.Fatal(err)
+	}
+}

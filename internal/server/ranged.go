@@ -1,0 +1,194 @@
+package server
+
+import (
+	"slices"
+
+	"github.com/umbp-go/umbp-go/proto/umbppb"
+)
+
+// rangedShape checks the array lengths of a ranged request and returns, for
+// each key i, its ranges as [starts[i], starts[i+1]) of the flattened arrays.
+// False fails the whole batch: range_counts not one per key or not summing
+// to the number of ranges; shm_offsets, region_bases, sizes, object_offsets
+// of different lengths; a put without one object_size per key; a get with
+// any object_sizes.
+func rangedShape(req *umbppb.BatchRangeDataRequest, put bool) ([]int, bool) {
+	n := len(req.GetKeys())
+	counts := req.GetRangeCounts()
+	if len(counts) != n {
+		return nil, false
+	}
+	m := len(req.GetShmOffsets())
+	if len(req.GetRegionBases()) != m || len(req.GetSizes()) != m || len(req.GetObjectOffsets()) != m {
+		return nil, false
+	}
+	if put && len(req.GetObjectSizes()) != n || !put && len(req.GetObjectSizes()) != 0 {
+		return nil, false
+	}
+	starts := make([]int, n+1)
+	var total uint64
+	for i, c := range counts {
+		total += uint64(c)
+		if total > uint64(m) {
+			return nil, false
+		}
+		starts[i+1] = int(total)
+	}
+	if total != uint64(m) {
+		return nil, false
+	}
+	return starts, true
+}
+
+// tiles reports whether the ranges (object offset, size) cover [0,
+// objectSize) exactly once: no gap, no overlap, no repeat, no zero-size
+// range, starting at 0 and ending at objectSize. Order does not matter.
+func tiles(objOffsets, sizes []uint64, objectSize uint64) bool {
+	if len(objOffsets) == 0 || len(objOffsets) != len(sizes) || objectSize == 0 {
+		return false
+	}
+	idx := make([]int, len(objOffsets))
+	for i := range idx {
+		idx[i] = i
+		if sizes[i] == 0 {
+			return false
+		}
+	}
+	if !slices.IsSortedFunc(idx, func(a, b int) int { return cmpU64(objOffsets[a], objOffsets[b]) }) {
+		slices.SortFunc(idx, func(a, b int) int { return cmpU64(objOffsets[a], objOffsets[b]) })
+	}
+	var next uint64
+	for _, i := range idx {
+		if objOffsets[i] != next || sizes[i] > objectSize-next {
+			return false
+		}
+		next += sizes[i]
+	}
+	return next == objectSize
+}
+
+// within reports whether [off, off+size) lies inside an object of objectSize.
+func within(off, size, objectSize uint64) bool {
+	return size <= objectSize && off <= objectSize-size
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// rangedSpans lists the memory the flattened ranges name.
+func rangedSpans(req *umbppb.BatchRangeDataRequest) []span {
+	offs, bases, sizes := req.GetShmOffsets(), req.GetRegionBases(), req.GetSizes()
+	spans := make([]span, len(offs))
+	for j := range spans {
+		spans[j] = span{base: bases[j], off: offs[j], size: sizes[j]}
+	}
+	return spans
+}
+
+// batchPutRanges serves BatchPutRanges (see PROTOCOL.md, "Ranged calls").
+func (s *Server) batchPutRanges(req *umbppb.BatchRangeDataRequest) []bool {
+	keys := req.GetKeys()
+	res := make([]bool, len(keys))
+	starts, ok := rangedShape(req, true)
+	if !ok || len(keys) == 0 {
+		return res
+	}
+	spans := rangedSpans(req)
+	locs := make([]loc, len(spans))
+	l, ok := s.regs.resolve(req.GetClientId(), spans, true, locs)
+	if !ok {
+		return res
+	}
+	defer l.release()
+
+	seen := make(map[string]int, len(keys))
+	for _, k := range keys {
+		seen[k]++
+	}
+	objOffs, sizes, objSizes := req.GetObjectOffsets(), req.GetSizes(), req.GetObjectSizes()
+	for i, key := range keys {
+		a, b := starts[i], starts[i+1]
+		if !tiles(objOffs[a:b], sizes[a:b], objSizes[i]) {
+			continue
+		}
+		if !s.pool.wants(key, 0) {
+			res[i] = true // stored already: the first value stays
+			continue
+		}
+		if seen[key] > 1 {
+			continue // the same new key twice: neither is stored
+		}
+		o, err := s.pool.reserve(objSizes[i], 0)
+		if err != nil {
+			s.log.Debug("umbp server: ranged put", "key", key, "err", err)
+			continue
+		}
+		var cerr error
+		for j := a; j < b && cerr == nil; j++ {
+			cerr = s.toPool(locs[j], o, objOffs[j], sizes[j])
+		}
+		if cerr != nil {
+			s.log.Warn("umbp server: ranged put", "key", key, "err", cerr)
+			s.pool.abort(o)
+			continue
+		}
+		s.pool.publish(key, o)
+		res[i] = true
+	}
+	return res
+}
+
+// batchGetRanges serves BatchGetRanges (see PROTOCOL.md, "Ranged calls").
+func (s *Server) batchGetRanges(req *umbppb.BatchRangeDataRequest) []bool {
+	keys := req.GetKeys()
+	res := make([]bool, len(keys))
+	starts, ok := rangedShape(req, false)
+	if !ok || len(keys) == 0 {
+		return res
+	}
+	spans := rangedSpans(req)
+	locs := make([]loc, len(spans))
+	l, ok := s.regs.resolve(req.GetClientId(), spans, true, locs)
+	if !ok {
+		return res
+	}
+	defer l.release()
+
+	objOffs, sizes := req.GetObjectOffsets(), req.GetSizes()
+	for i, key := range keys {
+		a, b := starts[i], starts[i+1]
+		if a == b || slices.Contains(sizes[a:b], 0) {
+			continue
+		}
+		res[i] = s.readRanges(key, locs[a:b], objOffs[a:b], sizes[a:b])
+	}
+	return res
+}
+
+// readRanges copies ranges of the object stored under key to locs.
+func (s *Server) readRanges(key string, locs []loc, objOffs, sizes []uint64) bool {
+	o := s.pool.acquire(key)
+	if o == nil {
+		return false
+	}
+	defer s.pool.release(o)
+	for j := range locs {
+		if !within(objOffs[j], sizes[j], o.size) {
+			return false
+		}
+	}
+	for j := range locs {
+		if err := s.fromPool(o, objOffs[j], locs[j], sizes[j]); err != nil {
+			s.log.Warn("umbp server: ranged get", "key", key, "err", err)
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,283 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/umbp-go/umbp-go/internal/fdpass"
+	"github.com/umbp-go/umbp-go/proto/umbppb"
+)
+
+const (
+	// gracePeriod bounds GracefulStop before Close falls back to Stop.
+	gracePeriod = 3 * time.Second
+	// drainTimeout bounds the wait for ops to end before memory is unmapped;
+	// past it the memory is leaked rather than unmapped under a running copy.
+	drainTimeout = 10 * time.Second
+	// maxFDConns bounds fd-handoff connections served at once.
+	maxFDConns = 16
+)
+
+// Server is a running umbp standalone server on two Unix sockets.
+type Server struct {
+	opts     Options
+	log      *slog.Logger
+	version  int
+	gpu      GPUBackend
+	grpcPath string
+	fdPath   string
+
+	grpcSock *socket
+	fdSock   *socket
+	gs       *grpc.Server
+
+	pool   *pool
+	regs   *regionTable
+	ops    *opTracker
+	pinned bool
+
+	ctx    context.Context // ends when Close begins
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // Serve, the fd accept loop and its handlers
+
+	fdMu    sync.Mutex
+	fdConns map[*net.UnixConn]struct{}
+	fdDone  bool
+
+	fdHandoffs atomic.Uint64
+	fdRejected atomic.Uint64
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New validates opts, creates both sockets (unlinking whatever stood at their
+// paths; parent directories 0700, sockets 0600) and starts serving. It returns
+// once both sockets listen.
+func New(opts Options) (*Server, error) {
+	if opts.Endpoint == "" {
+		return nil, errors.New("server: Endpoint is required")
+	}
+	grpcPath, fdPath, err := fdpass.SocketPaths(opts.Endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	version := opts.Version
+	switch version {
+	case 0:
+		version = 2
+	case 1, 2:
+	default:
+		return nil, fmt.Errorf("server: Version %d: want 1 or 2", opts.Version)
+	}
+	if opts.Capacity == 0 {
+		opts.Capacity = DefaultCapacity
+	}
+	if opts.FDReceiveTimeout <= 0 {
+		opts.FDReceiveTimeout = DefaultFDReceiveTimeout
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Server{
+		opts:     opts,
+		log:      log,
+		version:  version,
+		grpcPath: grpcPath,
+		fdPath:   fdPath,
+		ops:      newOpTracker(),
+		fdConns:  make(map[*net.UnixConn]struct{}),
+	}
+	if version >= 2 {
+		s.gpu = opts.GPU
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+
+	if s.pool, err = newPool(opts.Capacity); err != nil {
+		s.cancel()
+		return nil, err
+	}
+	s.regs = newRegionTable(log, s.gpu)
+	if s.gpu != nil {
+		if err := s.gpu.Pin(s.pool.base(), uint64(len(s.pool.arena))); err != nil {
+			log.Warn("umbp server: cannot pin the DRAM pool; GPU copies use pageable memory", "err", err)
+		} else {
+			s.pinned = true
+		}
+	}
+	fail := func(err error) (*Server, error) {
+		s.cancel()
+		if s.grpcSock != nil {
+			s.grpcSock.close()
+		}
+		if s.fdSock != nil {
+			s.fdSock.close()
+		}
+		s.releaseMemory()
+		return nil, err
+	}
+	if s.grpcSock, err = listen(grpcPath); err != nil {
+		return fail(err)
+	}
+	if s.fdSock, err = listen(fdPath); err != nil {
+		return fail(err)
+	}
+
+	gopts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(MaxMessageSize),
+		grpc.MaxSendMsgSize(MaxMessageSize),
+	}
+	if opts.UnaryInterceptor != nil {
+		gopts = append(gopts, grpc.UnaryInterceptor(opts.UnaryInterceptor))
+	}
+	s.gs = grpc.NewServer(gopts...)
+	umbppb.RegisterUMBPStandaloneServer(s.gs, &service{s: s})
+
+	s.wg.Add(2)
+	go func() {
+		defer s.wg.Done()
+		if err := s.gs.Serve(s.grpcSock.ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			s.log.Error("umbp server: gRPC serve ended", "err", err)
+		}
+	}()
+	go s.acceptFD()
+	s.log.Info("umbp server: listening", "endpoint", s.Endpoint(), "fd_socket", fdPath,
+		"capacity", opts.Capacity, "version", version, "ranged_io", s.rangedIO())
+	return s, nil
+}
+
+// Endpoint is the gRPC address, "unix:///abs/path".
+func (s *Server) Endpoint() string { return "unix://" + s.grpcPath }
+
+// FDSocketPath is the fd-handoff socket's path.
+func (s *Server) FDSocketPath() string { return s.fdPath }
+
+// rangedIO is what Ping reports as supports_ranged_io.
+func (s *Server) rangedIO() bool { return s.version >= 2 && !s.opts.DisableRangedIO }
+
+// Stats returns a snapshot of the server's state.
+func (s *Server) Stats() Stats {
+	var st Stats
+	s.pool.stats(&st)
+	s.regs.stats(&st)
+	st.FDHandoffs = s.fdHandoffs.Load()
+	st.FDRejected = s.fdRejected.Load()
+	return st
+}
+
+// Close stops the server: calls arriving from now on answer "server is
+// shutting down", calls in flight finish (gRPC's graceful stop, forced after
+// a few seconds), the sockets are unlinked, and every region and the pool
+// are unmapped once no op uses them. It is idempotent and leaves no goroutine
+// behind.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() { s.closeErr = s.close() })
+	return s.closeErr
+}
+
+func (s *Server) close() error {
+	s.ops.shutdown()
+	s.cancel()
+	var errs []error
+	if err := s.fdSock.ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+		errs = append(errs, fmt.Errorf("server: close fd socket: %w", err))
+	}
+	s.expireFDConns()
+
+	stopped := make(chan struct{})
+	go func() {
+		s.gs.GracefulStop()
+		close(stopped)
+	}()
+	t := time.NewTimer(gracePeriod)
+	select {
+	case <-stopped:
+	case <-t.C:
+		s.log.Warn("umbp server: calls still running after the grace period; stopping them")
+		s.gs.Stop()
+		<-stopped
+	}
+	t.Stop()
+	s.wg.Wait()
+
+	s.grpcSock.close()
+	s.fdSock.close()
+
+	if !s.ops.wait(drainTimeout) {
+		s.log.Error("umbp server: data operations still running; leaving their memory mapped")
+		return errors.Join(append(errs, errors.New("server: operations still running at close; memory left mapped"))...)
+	}
+	if err := s.releaseMemory(); err != nil {
+		errs = append(errs, err)
+	}
+	s.log.Info("umbp server: closed", "endpoint", s.Endpoint())
+	return errors.Join(errs...)
+}
+
+// releaseMemory drops every region and unmaps the pool.
+func (s *Server) releaseMemory() error {
+	s.regs.closeAll()
+	s.regs.wait()
+	if s.pinned {
+		if err := s.gpu.Unpin(s.pool.base()); err != nil {
+			s.log.Warn("umbp server: unpin the DRAM pool", "err", err)
+		}
+		s.pinned = false
+	}
+	return s.pool.close()
+}
+
+// socket is a listening Unix socket whose path this server created.
+type socket struct {
+	path string
+	ln   *net.UnixListener
+	info os.FileInfo // the socket file, to unlink only our own
+}
+
+// listen creates a Unix socket at path: parent directories 0700, whatever
+// stood at path unlinked, the socket chmod 0600.
+func listen(path string) (*socket, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("server: create the socket directory: %w", err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("server: remove the old socket: %w", err)
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("server: listen: %w", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	if err := os.Chmod(path, 0o600); err != nil {
+		_ = ln.Close()
+		_ = os.Remove(path)
+		return nil, fmt.Errorf("server: chmod the socket: %w", err)
+	}
+	info, err := os.Lstat(path)
+	if err != nil {
+		_ = ln.Close()
+		_ = os.Remove(path)
+		return nil, fmt.Errorf("server: stat the socket: %w", err)
+	}
+	return &socket{path: path, ln: ln, info: info}, nil
+}
+
+// close closes the listener and unlinks the path if it is still this
+// socket (another server may have taken the path over).
+func (k *socket) close() {
+	_ = k.ln.Close()
+	if cur, err := os.Lstat(k.path); err == nil && os.SameFile(cur, k.info) {
+		_ = os.Remove(k.path)
+	}
+}

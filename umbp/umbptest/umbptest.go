@@ -1,0 +1,316 @@
+// Package umbptest runs an in-process umbp standalone server on real Unix
+// sockets for tests, like net/http/httptest: a Go implementation of the
+// server protocol with a DRAM pool, plus fault injection (stalls, failures,
+// restarts) and call counting.
+//
+//	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 64 << 20})
+//	cfg := umbp.Config{Endpoint: srv.Endpoint()}
+package umbptest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/umbp-go/umbp-go/internal/fdpass"
+	"github.com/umbp-go/umbp-go/internal/server"
+)
+
+// FDHandoff is the method name that Calls and FailNext use for the
+// fd-handoff plane (one call per connection).
+const FDHandoff = "FDHandoff"
+
+// Options configure a test server. The zero value is a v2 server with a
+// 1 GiB pool (reserved address space; pages are touched only when used).
+type Options struct {
+	// Capacity is the DRAM pool size in bytes; 0 means 1 GiB.
+	Capacity uint64
+	// Version is 2 (the default when 0) or 1: a v1 server answers
+	// BatchPutRanges and BatchGetRanges with codes.Unimplemented.
+	Version int
+	// DisableRangedIO makes a v2 server report supports_ranged_io=false
+	// and refuse GPU IPC registration, as MORI's does with its SSD tier on.
+	DisableRangedIO bool
+	// Logger receives the server's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Server is a running test server. Its methods are safe for concurrent use.
+type Server struct {
+	tb       testing.TB
+	opts     Options
+	dir      string
+	endpoint string
+
+	mu     sync.Mutex
+	srv    *server.Server
+	gen    *generation
+	stall  chan struct{} // non-nil while stalled; closed by Resume
+	fail   map[string]int
+	calls  map[string]int
+	closed bool
+}
+
+// generation is one start of the server; done closes when it stops, which
+// releases every handler of it that is stalled.
+type generation struct {
+	done chan struct{}
+}
+
+// NewServer starts a server on fresh sockets in a new short temporary
+// directory and registers Close with tb.Cleanup. It fails tb if the server
+// cannot start.
+func NewServer(tb testing.TB, opts Options) *Server {
+	tb.Helper()
+	dir, err := shortTempDir()
+	if err != nil {
+		tb.Fatalf("umbptest: %v", err)
+	}
+	s := &Server{
+		tb:       tb,
+		opts:     opts,
+		dir:      dir,
+		endpoint: "unix://" + filepath.Join(dir, "umbp.grpc.sock"),
+		fail:     make(map[string]int),
+		calls:    make(map[string]int),
+	}
+	if err := s.start(); err != nil {
+		_ = os.RemoveAll(dir)
+		tb.Fatalf("umbptest: %v", err)
+	}
+	tb.Cleanup(s.Close)
+	return s
+}
+
+// shortTempDir makes a directory whose socket paths fit sun_path: $TMPDIR
+// when it is short enough, else /tmp.
+func shortTempDir() (string, error) {
+	const longest = "/umbp.grpc.sock"
+	dir, err := os.MkdirTemp("", "umbp")
+	if err != nil {
+		return "", fmt.Errorf("create a temporary directory: %w", err)
+	}
+	if len(dir)+len(longest) <= fdpass.MaxSocketPath {
+		return dir, nil
+	}
+	_ = os.RemoveAll(dir)
+	dir, err = os.MkdirTemp("/tmp", "umbp")
+	if err != nil {
+		return "", fmt.Errorf("create a temporary directory: %w", err)
+	}
+	return dir, nil
+}
+
+// start runs a new generation at the server's path. s.mu must not be held.
+func (s *Server) start() error {
+	gen := &generation{done: make(chan struct{})}
+	logger := s.opts.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	srv, err := server.New(server.Options{
+		Endpoint:        s.endpoint,
+		Capacity:        s.opts.Capacity,
+		Version:         s.opts.Version,
+		DisableRangedIO: s.opts.DisableRangedIO,
+		Logger:          logger,
+		UnaryInterceptor: func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+			if err := s.enter(ctx, gen, path.Base(info.FullMethod)); err != nil {
+				return nil, err
+			}
+			return handler(ctx, req)
+		},
+		FDGate: func(ctx context.Context) error { return s.enter(ctx, gen, FDHandoff) },
+	})
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.closed { // closed while starting
+		s.mu.Unlock()
+		close(gen.done)
+		_ = srv.Close()
+		return errors.New("umbptest: closed while restarting")
+	}
+	s.srv, s.gen = srv, gen
+	s.mu.Unlock()
+	return nil
+}
+
+// enter runs before every handler: it counts the call, waits while the
+// server is stalled, and injects a failure when one is due.
+func (s *Server) enter(ctx context.Context, gen *generation, method string) error {
+	s.mu.Lock()
+	s.calls[method]++
+	stall := s.stall
+	s.mu.Unlock()
+	if stall != nil {
+		select {
+		case <-stall:
+		case <-gen.done:
+			return status.Error(codes.Unavailable, "umbptest: server closed while the call was stalled")
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	select {
+	case <-gen.done:
+		return status.Error(codes.Unavailable, "umbptest: server closed")
+	default:
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := s.fail[method]; n > 0 {
+		if n == 1 {
+			delete(s.fail, method)
+		} else {
+			s.fail[method] = n - 1
+		}
+		return status.Errorf(codes.Unavailable, "umbptest: injected failure of %s", method)
+	}
+	return nil
+}
+
+// Endpoint is the gRPC address, "unix:///abs/path". It stays the same
+// across Restart.
+func (s *Server) Endpoint() string { return s.endpoint }
+
+// FDSocketPath is the fd-handoff socket's path.
+func (s *Server) FDSocketPath() string {
+	_, p, _ := fdpass.SocketPaths(s.endpoint)
+	return p
+}
+
+// Stall makes every handler (gRPC method or fd handoff) that starts from now
+// on wait until Resume, Restart or Close; a stalled call whose client gives
+// up ends with its context. Calls already running are not affected.
+func (s *Server) Stall() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stall == nil && !s.closed {
+		s.stall = make(chan struct{})
+	}
+}
+
+// Resume releases every stalled handler; they then run normally.
+func (s *Server) Resume() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stall != nil {
+		close(s.stall)
+		s.stall = nil
+	}
+}
+
+// FailNext makes the next n calls of method fail: gRPC methods (short names,
+// e.g. "BatchPut") with codes.Unavailable, FDHandoff with status -1. It adds
+// to failures already pending for method; n <= 0 clears them.
+func (s *Server) FailNext(method string, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n <= 0 {
+		delete(s.fail, method)
+		return
+	}
+	s.fail[method] += n
+}
+
+// Calls is how many calls of method (short name, or FDHandoff) reached the
+// server, stalled and failed ones included, across restarts.
+func (s *Server) Calls(method string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls[method]
+}
+
+// Restart stops the server and starts a new one at the same path with empty
+// state: a new pool, no registrations. Stalled handlers of the old one are
+// released with an error; a Stall in effect stays in effect. It fails the
+// test if the server cannot start again, so call it from the test's
+// goroutine.
+func (s *Server) Restart() {
+	s.tb.Helper()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		s.tb.Fatalf("umbptest: Restart after Close")
+		return
+	}
+	srv, gen := s.srv, s.gen
+	s.srv, s.gen = nil, nil
+	s.mu.Unlock()
+	if srv == nil {
+		s.tb.Fatalf("umbptest: Restart while another Restart runs")
+		return
+	}
+	close(gen.done)
+	if err := srv.Close(); err != nil {
+		s.tb.Errorf("umbptest: close before restart: %v", err)
+	}
+	if err := s.start(); err != nil {
+		s.tb.Fatalf("umbptest: restart: %v", err)
+	}
+}
+
+// Close stops the server: stalled handlers are released with an error,
+// calls in flight finish, the sockets and the temporary directory are
+// removed. It is idempotent.
+func (s *Server) Close() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	srv, gen := s.srv, s.gen
+	s.srv, s.gen = nil, nil
+	s.mu.Unlock()
+	if gen != nil {
+		close(gen.done)
+	}
+	if srv != nil {
+		if err := srv.Close(); err != nil {
+			s.tb.Errorf("umbptest: close: %v", err)
+		}
+	}
+	_ = os.RemoveAll(s.dir)
+}
+
+// Stats is a snapshot of the server's state.
+type Stats struct {
+	// Objects and BytesUsed describe the stored objects.
+	Objects   int
+	BytesUsed uint64
+	// Capacity is the pool size; Evictions counts LRU evictions since the
+	// last (re)start.
+	Capacity  uint64
+	Evictions uint64
+	// Regions and Clients count registered memory.
+	Regions int
+	Clients int
+}
+
+// Stats returns the current server's state (zero after Close).
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	srv := s.srv
+	s.mu.Unlock()
+	if srv == nil {
+		return Stats{}
+	}
+	st := srv.Stats()
+	return Stats{
+		Objects: st.Objects, BytesUsed: st.BytesUsed, Capacity: st.Capacity,
+		Evictions: st.Evictions, Regions: st.Regions, Clients: st.Clients,
+	}
+}
