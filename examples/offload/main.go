@@ -1,0 +1,314 @@
+// Command offload shows the library's main job: two engines share KV blocks
+// through one UMBP standalone server, and a stalled server costs them cache
+// misses, never a hung step.
+//
+// With no flags it starts the Go server in-process (in a temporary
+// directory). Engine A stores N blocks of a realistic layout — many layers,
+// each block one range per layer — the scheduler looks them up, and engine B
+// loads them into its own memory and verifies every byte. Then the server is
+// stalled: lookups answer misses within LookupTimeout, a store outlives its
+// deadline and blocks, later transfers are refused as not attempted; after
+// the server resumes, everything recovers.
+//
+//	go run ./examples/offload
+//	go run ./examples/offload -endpoint unix:///run/umbp/standalone/node0.grpc.sock
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sort"
+	"text/tabwriter"
+	"time"
+
+	"github.com/umbp-go/umbp-go/internal/server"
+	"github.com/umbp-go/umbp-go/umbp"
+)
+
+func main() {
+	var (
+		endpoint   = flag.String("endpoint", "", "server socket (unix:///abs/path); empty starts the Go server in-process")
+		blocks     = flag.Int("blocks", 256, "blocks to store and load")
+		layers     = flag.Int("layers", 32, "layers: each block is one range per layer")
+		blockBytes = flag.Int("block-bytes", 16<<10, "bytes of one block in one layer")
+		lookupTO   = flag.Duration("lookup-timeout", 200*time.Millisecond, "scheduler call deadline")
+		timeout    = flag.Duration("timeout", time.Second, "transfer deadline")
+		verbose    = flag.Bool("v", false, "log the library's warnings")
+	)
+	flag.Parse()
+	level := slog.LevelError
+	if *verbose {
+		level = slog.LevelInfo
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if err := run(*endpoint, *blocks, *layers, *blockBytes, *lookupTO, *timeout, log); err != nil {
+		fmt.Fprintln(os.Stderr, "offload:", err)
+		os.Exit(1)
+	}
+}
+
+func run(endpoint string, blocks, layers, blockBytes int, lookupTO, timeout time.Duration, log *slog.Logger) error {
+	var gate *stallGate
+	if endpoint == "" {
+		dir, err := os.MkdirTemp("", "umbp-offload")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		gate = newStallGate()
+		srv, err := server.New(server.Options{
+			Endpoint:         filepath.Join(dir, "node0.grpc.sock"),
+			Capacity:         uint64(2*blocks*layers*blockBytes) + 64<<20,
+			Logger:           log,
+			UnaryInterceptor: gate.intercept,
+			FDGate:           gate.wait,
+		})
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+		defer gate.resume()
+		endpoint = srv.Endpoint()
+		fmt.Printf("started the Go server in-process at %s\n", endpoint)
+	}
+
+	rt, err := umbp.NewStandaloneRuntime(umbp.Config{
+		Endpoint:       endpoint,
+		Timeout:        timeout,
+		LookupTimeout:  lookupTO,
+		StartupTimeout: 10 * time.Second,
+		Logger:         log,
+	})
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	topo := umbp.RankTopology{}
+	codec, err := umbp.NewKeyCodec("offload-demo", topo)
+	if err != nil {
+		return err
+	}
+	a, err := newEngine(ctx, rt, "A", blocks, layers, blockBytes)
+	if err != nil {
+		return err
+	}
+	defer a.close()
+	b, err := newEngine(ctx, rt, "B", blocks, layers, blockBytes)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	sched, err := rt.NewSchedulerHandle(ctx, "offload-demo", topo, nil)
+	if err != nil {
+		return err
+	}
+	defer sched.Close()
+
+	// Engine A fills its blocks and stores them under content keys.
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range a.buf.Bytes() {
+		a.buf.Bytes()[i] = byte(rng.Uint32())
+	}
+	keys := make([]string, blocks)
+	for i := range keys {
+		var id [8]byte
+		binary.LittleEndian.PutUint64(id[:], uint64(i))
+		h := sha256.Sum256(id[:])
+		keys[i] = codec.Key(0, h[:16])
+	}
+	objectBytes := float64(blocks * layers * blockBytes)
+	plans := make([]umbp.BlockTransferPlan, blocks)
+	for i := range plans {
+		plans[i] = umbp.BlockTransferPlan{Key: keys[i], BlockID: i}
+	}
+	start := time.Now()
+	job, ok := a.w.StoreBlocks(plans)
+	if !ok {
+		return errors.New("the layout could not plan the store")
+	}
+	if err := a.w.Wait(ctx, job); err != nil || job.Status() != umbp.JobCompleted {
+		return fmt.Errorf("store: %v %s %s", err, job.Status(), job.Err())
+	}
+	storeTime := time.Since(start)
+
+	// The scheduler asks the server which blocks exist.
+	var lat []time.Duration
+	var hits int
+	for range 20 {
+		t0 := time.Now()
+		got := sched.Lookup(ctx, keys)
+		lat = append(lat, time.Since(t0))
+		hits = count(got)
+	}
+	if hits != blocks {
+		return fmt.Errorf("lookup found %d of %d blocks", hits, blocks)
+	}
+
+	// Engine B loads them into its own memory, in reverse block order.
+	batch := umbp.BlockLoadBatch{Keys: keys, BlockIDs: make([]int, blocks), GroupIDs: make([]int, blocks)}
+	for i := range batch.BlockIDs {
+		batch.BlockIDs[i] = blocks - 1 - i
+	}
+	start = time.Now()
+	lj, ok := b.w.LoadBlocks(batch)
+	if !ok {
+		return errors.New("the layout could not plan the load")
+	}
+	if err := b.w.Wait(ctx, lj); err != nil || lj.Status() != umbp.JobCompleted {
+		return fmt.Errorf("load: %v %s %s", err, lj.Status(), lj.Err())
+	}
+	loadTime := time.Since(start)
+	if err := verify(a, b, blocks, layers, blockBytes); err != nil {
+		return err
+	}
+	fmt.Printf("engine B loaded %d blocks and every byte matches engine A's\n\n", blocks)
+
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "step\tblocks\tranges\tbytes\ttime\tGB/s\t")
+	fmt.Fprintf(tw, "store (A)\t%d\t%d\t%s\t%v\t%.2f\t\n", blocks, blocks*layers, size(objectBytes), storeTime.Round(time.Microsecond), objectBytes/storeTime.Seconds()/1e9)
+	fmt.Fprintf(tw, "load (B)\t%d\t%d\t%s\t%v\t%.2f\t\n", blocks, blocks*layers, size(objectBytes), loadTime.Round(time.Microsecond), objectBytes/loadTime.Seconds()/1e9)
+	fmt.Fprintf(tw, "lookup (median of 20)\t%d\t\t\t%v\t\t\n", blocks, median(lat).Round(time.Microsecond))
+	tw.Flush()
+
+	if gate == nil {
+		fmt.Println("\n(an external server: skipping the stall demonstration)")
+		return nil
+	}
+
+	// The server stalls.
+	fmt.Println("\nthe server stalls:")
+	gate.stall()
+	t0 := time.Now()
+	got := sched.Lookup(ctx, keys)
+	fmt.Printf("  lookup answered %d hits of %d in %v (LookupTimeout %v)\n", count(got), blocks, time.Since(t0).Round(time.Millisecond), lookupTO)
+	t0 = time.Now()
+	got = sched.Lookup(ctx, keys)
+	fmt.Printf("  the next lookup answered %d hits in %v, without asking the server\n", count(got), time.Since(t0).Round(time.Microsecond))
+	stuck := a.w.Store([]umbp.BlockTransferPlan{plans[0]})
+	err = a.w.Wait(ctx, stuck)
+	fmt.Printf("  a store outlived its %v deadline: Wait says %q; the job is %s\n", timeout, errText(err), stuck.Status())
+	refused, _ := b.w.LoadBlocks(batch)
+	fmt.Printf("  a new load is %s at once: %s\n", refused.Status(), refused.Err())
+
+	fmt.Println("the server resumes:")
+	gate.resume()
+	<-stuck.Done()
+	fmt.Printf("  the blocked store ended %s\n", stuck.Status())
+	deadline := time.Now().Add(10 * time.Second)
+	for count(sched.Lookup(ctx, keys)) != blocks {
+		if time.Now().After(deadline) {
+			return errors.New("lookups did not recover")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	lj2, _ := b.w.LoadBlocks(batch)
+	if err := b.w.Wait(ctx, lj2); err != nil || lj2.Status() != umbp.JobCompleted {
+		return fmt.Errorf("load after resume: %v %s %s", err, lj2.Status(), lj2.Err())
+	}
+	if err := verify(a, b, blocks, layers, blockBytes); err != nil {
+		return err
+	}
+	fmt.Printf("  lookups hit again and a new load of %d blocks is byte-exact\n", blocks)
+	return nil
+}
+
+// engine is one worker with its KV memory: layers regions of blocks blocks.
+type engine struct {
+	w      *umbp.WorkerHandle
+	buf    *umbp.HostBuffer
+	layout *umbp.KVLayoutDescriptor
+}
+
+func newEngine(ctx context.Context, rt *umbp.StandaloneRuntime, name string, blocks, layers, blockBytes int) (*engine, error) {
+	buf, err := umbp.NewHostBuffer(blocks * layers * blockBytes)
+	if err != nil {
+		return nil, err
+	}
+	base := buf.Buffer().Ptr
+	layout := &umbp.KVLayoutDescriptor{}
+	for l := range layers {
+		layout.Regions = append(layout.Regions, umbp.KVRegion{
+			LayerName:   fmt.Sprintf("model.layers.%d.kv", l),
+			BaseAddress: base + uintptr(l*blocks*blockBytes),
+			NumBlocks:   blocks,
+			BlockBytes:  uint64(blockBytes),
+			Stride:      uint64(blockBytes),
+		})
+	}
+	w, err := rt.NewWorkerHandle(ctx, "offload-demo", umbp.RankTopology{}, layout)
+	if err != nil {
+		_ = buf.Close()
+		return nil, fmt.Errorf("engine %s: %w", name, err)
+	}
+	if err := w.RegisterBuffers(ctx, map[string]umbp.Buffer{"kv-cache": buf.Buffer()}); err != nil {
+		_ = w.Close()
+		_ = buf.Close()
+		return nil, fmt.Errorf("engine %s: %w", name, err)
+	}
+	return &engine{w: w, buf: buf, layout: layout}, nil
+}
+
+func (e *engine) close() {
+	if err := e.w.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, "close:", err)
+		return
+	}
+	_ = e.buf.Close()
+}
+
+// verify checks that B's block blocks-1-i holds A's block i in every layer.
+func verify(a, b *engine, blocks, layers, blockBytes int) error {
+	am, bm := a.buf.Bytes(), b.buf.Bytes()
+	for l := range layers {
+		for i := range blocks {
+			ao := (l*blocks + i) * blockBytes
+			bo := (l*blocks + blocks - 1 - i) * blockBytes
+			if !bytes.Equal(am[ao:ao+blockBytes], bm[bo:bo+blockBytes]) {
+				return fmt.Errorf("layer %d block %d: engine B's bytes differ from engine A's", l, i)
+			}
+		}
+	}
+	return nil
+}
+
+func count(v []bool) int {
+	n := 0
+	for _, b := range v {
+		if b {
+			n++
+		}
+	}
+	return n
+}
+
+func median(d []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
+
+func size(n float64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", n/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", n/(1<<20))
+	}
+	return fmt.Sprintf("%.0f KiB", n/(1<<10))
+}
+
+func errText(err error) string {
+	if err == nil {
+		return "nil"
+	}
+	return err.Error()
+}

@@ -1,0 +1,105 @@
+package umbp
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/umbp-go/umbp-go/internal/fdpass"
+)
+
+// Defaults applied by [NewStandaloneRuntime] to zero Config fields.
+const (
+	DefaultNumWorkers     = 4
+	DefaultTimeout        = 30 * time.Second
+	DefaultLookupTimeout  = time.Second
+	DefaultStartupTimeout = 30 * time.Second
+)
+
+// ErrInvalidConfig is matched by every configuration error.
+var ErrInvalidConfig = errors.New("umbp: invalid configuration")
+
+// Config configures a [StandaloneRuntime]. Only Endpoint is required.
+type Config struct {
+	// Endpoint is the server's gRPC socket: an absolute path or
+	// "unix:///abs/path". The fd-handoff socket is derived from it.
+	Endpoint string
+	// NumWorkers is the number of transfer goroutines per worker handle.
+	// Zero means DefaultNumWorkers.
+	NumWorkers int
+	// Timeout bounds each transfer once it starts running, Close, and
+	// registration. Zero means DefaultTimeout.
+	Timeout time.Duration
+	// LookupTimeout bounds each scheduler call. Zero means
+	// DefaultLookupTimeout.
+	LookupTimeout time.Duration
+	// StartupTimeout bounds the wait for the server to answer Ping when a
+	// handle attaches. Zero means DefaultStartupTimeout.
+	StartupTimeout time.Duration
+	// Logger receives the package's warnings. Nil means slog.Default().
+	Logger *slog.Logger
+	// NodeID, NodeAddress and Tags identify the worker in RegisterMemory.
+	NodeID, NodeAddress string
+	Tags                []string
+}
+
+// withDefaults validates c and returns it with defaults filled in and the
+// endpoint normalized.
+func (c Config) withDefaults() (Config, error) {
+	ep, err := NormalizeEndpoint(c.Endpoint)
+	if err != nil {
+		return c, fmt.Errorf("%w: Config.Endpoint: %w", ErrInvalidConfig, err)
+	}
+	c.Endpoint = ep
+	if c.NumWorkers < 0 {
+		return c, fmt.Errorf("%w: Config.NumWorkers is %d, must not be negative", ErrInvalidConfig, c.NumWorkers)
+	}
+	if c.NumWorkers == 0 {
+		c.NumWorkers = DefaultNumWorkers
+	}
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"Timeout", &c.Timeout, DefaultTimeout},
+		{"LookupTimeout", &c.LookupTimeout, DefaultLookupTimeout},
+		{"StartupTimeout", &c.StartupTimeout, DefaultStartupTimeout},
+	} {
+		if *d.v < 0 {
+			return c, fmt.Errorf("%w: Config.%s is %v, must not be negative", ErrInvalidConfig, d.name, *d.v)
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	c.Tags = append([]string(nil), c.Tags...)
+	return c, nil
+}
+
+// NormalizeEndpoint returns the gRPC address "unix:///abs/path" of a
+// standalone server socket. It accepts an absolute socket path or a
+// "unix://" address. The data plane passes file descriptors and IPC handles
+// over Unix sockets, so any other scheme is rejected, as is a path that is
+// not absolute or that (with its derived fd-handoff socket) does not fit a
+// Unix socket address.
+func NormalizeEndpoint(endpoint string) (string, error) {
+	path := endpoint
+	if p, ok := strings.CutPrefix(endpoint, "unix://"); ok {
+		path = p
+	} else if strings.Contains(endpoint, "://") {
+		return "", fmt.Errorf("standalone UMBP endpoint must be a Unix socket path or unix:// address, got %q", endpoint)
+	}
+	if !strings.HasPrefix(path, "/") {
+		return "", fmt.Errorf("standalone UMBP endpoint must be an absolute path, got %q", endpoint)
+	}
+	if _, _, err := fdpass.SocketPaths(path); err != nil {
+		return "", err
+	}
+	return "unix://" + path, nil
+}

@@ -1,0 +1,198 @@
+package umbp
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// MemoryLocation says where a [Buffer]'s bytes live.
+type MemoryLocation int
+
+const (
+	// LocationAuto detects the location: host memory from a [HostBuffer],
+	// else GPU memory by the runtime's pointer attributes.
+	LocationAuto MemoryLocation = iota
+	// LocationHost is host memory; it must come from a [HostBuffer].
+	LocationHost
+	// LocationGPU is GPU memory, shared with the server by IPC handle.
+	LocationGPU
+)
+
+// String returns "auto", "host" or "gpu".
+func (l MemoryLocation) String() string {
+	switch l {
+	case LocationAuto:
+		return "auto"
+	case LocationHost:
+		return "host"
+	case LocationGPU:
+		return "gpu"
+	}
+	return fmt.Sprintf("MemoryLocation(%d)", int(l))
+}
+
+// Buffer names memory to register with the server: Size bytes at Ptr.
+// Device is the GPU ordinal of GPU memory.
+type Buffer struct {
+	Ptr      uintptr
+	Size     uint64
+	Location MemoryLocation
+	Device   int
+}
+
+// HostBuffer is host memory the server can map: a memfd mapped MAP_SHARED
+// into this process. Only such memory can be registered as host memory,
+// since the server maps the same pages from the descriptor.
+//
+// A HostBuffer registered with a worker handle cannot be closed until the
+// handle has deregistered it: Close answers ErrBuffersInUse, or
+// ErrBuffersAbandoned after the handle abandoned it, and leaves the memory
+// mapped, so the server can never write into memory that was let go.
+type HostBuffer struct {
+	fd   int
+	mem  []byte // the whole mapping
+	size int    // as asked
+
+	mu        sync.Mutex
+	users     int  // registrations holding the buffer
+	abandoned bool // a handle gave up on deregistering it
+	closed    bool
+}
+
+// NewHostBuffer creates a zeroed, shareable host buffer of size bytes. The
+// mapping is rounded up to whole pages; Bytes returns exactly size bytes.
+func NewHostBuffer(size int) (*HostBuffer, error) {
+	if size <= 0 {
+		return nil, fmt.Errorf("umbp: host buffer size %d must be positive", size)
+	}
+	page := os.Getpagesize()
+	mapped := (size + page - 1) / page * page
+	if mapped < size { // overflow
+		return nil, fmt.Errorf("umbp: host buffer size %d too large", size)
+	}
+	fd, err := unix.MemfdCreate("umbp-host-buffer", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("umbp: memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(fd, int64(mapped)); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("umbp: size host buffer to %d bytes: %w", mapped, err)
+	}
+	mem, err := unix.Mmap(fd, 0, mapped, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("umbp: map host buffer of %d bytes: %w", mapped, err)
+	}
+	b := &HostBuffer{fd: fd, mem: mem, size: size}
+	hostBuffers.add(b)
+	return b, nil
+}
+
+// Bytes returns the buffer's memory. It is valid until Close succeeds.
+func (b *HostBuffer) Bytes() []byte { return b.mem[:b.size:b.size] }
+
+// Buffer describes the buffer for [WorkerHandle.RegisterBuffers].
+func (b *HostBuffer) Buffer() Buffer {
+	return Buffer{Ptr: b.base(), Size: uint64(b.size), Location: LocationHost}
+}
+
+func (b *HostBuffer) base() uintptr { return uintptr(unsafe.Pointer(&b.mem[0])) }
+
+// mappedSize is what registration hands the server: the whole mapping.
+func (b *HostBuffer) mappedSize() uint64 { return uint64(len(b.mem)) }
+
+// Close unmaps the buffer and closes its descriptor. It refuses while a
+// worker handle still has the buffer registered.
+func (b *HostBuffer) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.closed:
+		return nil
+	case b.abandoned:
+		return fmt.Errorf("umbp: host buffer at %#x (%d bytes): %w", b.base(), b.size, ErrBuffersAbandoned)
+	case b.users > 0:
+		return fmt.Errorf("umbp: host buffer at %#x (%d bytes) is registered with %d worker handle(s): %w", b.base(), b.size, b.users, ErrBuffersInUse)
+	}
+	hostBuffers.remove(b)
+	b.closed = true
+	errU := unix.Munmap(b.mem)
+	errC := unix.Close(b.fd)
+	b.mem = nil
+	return errors.Join(errU, errC)
+}
+
+// acquire marks the buffer registered; it fails on a closed buffer.
+func (b *HostBuffer) acquire() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return errors.New("host buffer is closed")
+	}
+	b.users++
+	return nil
+}
+
+// release undoes acquire once the server no longer holds the buffer.
+func (b *HostBuffer) release() {
+	b.mu.Lock()
+	b.users--
+	b.mu.Unlock()
+}
+
+// abandon pins the buffer for the life of the process.
+func (b *HostBuffer) abandon() {
+	b.mu.Lock()
+	b.abandoned = true
+	b.mu.Unlock()
+}
+
+// hostBuffers finds the live HostBuffer that holds an address.
+var hostBuffers hostBufferSet
+
+type hostBufferSet struct {
+	mu   sync.Mutex
+	bufs []*HostBuffer // sorted by base
+}
+
+func (s *hostBufferSet) add(b *HostBuffer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i := sort.Search(len(s.bufs), func(i int) bool { return s.bufs[i].base() > b.base() })
+	s.bufs = append(s.bufs, nil)
+	copy(s.bufs[i+1:], s.bufs[i:])
+	s.bufs[i] = b
+}
+
+func (s *hostBufferSet) remove(b *HostBuffer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, x := range s.bufs {
+		if x == b {
+			s.bufs = append(s.bufs[:i], s.bufs[i+1:]...)
+			return
+		}
+	}
+}
+
+// find returns the buffer whose mapping holds [ptr, ptr+size), or nil.
+func (s *hostBufferSet) find(ptr uintptr, size uint64) *HostBuffer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i := sort.Search(len(s.bufs), func(i int) bool { return s.bufs[i].base() > ptr })
+	if i == 0 {
+		return nil
+	}
+	b := s.bufs[i-1]
+	off := uint64(ptr - b.base())
+	if off <= b.mappedSize() && size <= b.mappedSize()-off {
+		return b
+	}
+	return nil
+}

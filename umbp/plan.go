@@ -1,0 +1,409 @@
+package umbp
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math/bits"
+	"slices"
+	"unicode/utf8"
+)
+
+// ErrInvalidPlan is matched (with errors.Is) by every error that reports a
+// malformed [BlockTransferPlan] or [BlockLoadBatch], and by [LayoutPlanner]
+// errors for a key, group or block it cannot plan.
+var ErrInvalidPlan = errors.New("umbp: invalid transfer plan")
+
+// KVRange is one contiguous piece of a block's object: Length bytes that
+// live at BaseAddress in this process (host or GPU memory) and occupy
+// [ObjectOffset, ObjectOffset+Length) of the stored object.
+type KVRange struct {
+	// LayerName and GroupID name the region the bytes belong to.
+	LayerName string
+	GroupID   int
+	// BlockID is the physical block index within the region, so that
+	// BaseAddress = region base + BlockID*Stride. It equals the plan's
+	// logical BlockID unless the region has sub-blocks (see [KVRegion]).
+	BlockID int
+	// BaseAddress is the address of the range's first byte in this process.
+	BaseAddress uintptr
+	// Stride is the region's distance between physical blocks. It is
+	// informational: the range itself is the Length bytes at BaseAddress.
+	Stride uint64
+	// Length is the number of bytes in the range.
+	Length uint64
+	// ObjectOffset is where the range's bytes go in the stored object.
+	ObjectOffset uint64
+}
+
+// BlockTransferPlan is the unit of a store or load: one block of one KV cache
+// group, stored as one object under Key, gathered from (or scattered to) the
+// listed ranges of this process's memory.
+type BlockTransferPlan struct {
+	// Key is the object key, usually made by a [KeyCodec].
+	Key string
+	// BlockID is the logical block ID in the group's block table.
+	BlockID int
+	// GroupID is the KV cache group.
+	GroupID int
+	// Ranges are the pieces of the object. Sorted by ObjectOffset they must
+	// tile [0, ObjectSize()) exactly; see [BlockTransferPlan.Validate].
+	Ranges []KVRange
+	// RequestID optionally names the request the block belongs to, for logs
+	// and for the engine's own bookkeeping.
+	RequestID string
+	// BlockHash optionally carries the block hash the key was made from.
+	BlockHash []byte
+	// TokenIDs optionally carries the tokens the block holds.
+	TokenIDs []int
+}
+
+// ObjectSize returns the size of the stored object: the sum of the ranges'
+// lengths. For a plan that passes [BlockTransferPlan.Validate] this sum does
+// not overflow.
+func (p BlockTransferPlan) ObjectSize() uint64 {
+	var n uint64
+	for _, r := range p.Ranges {
+		n += r.Length
+	}
+	return n
+}
+
+// Validate reports whether the plan is well formed: a non-empty, valid UTF-8
+// Key; non-negative BlockID and GroupID; at least one range; every range
+// with a non-zero BaseAddress and Length and an end that fits in its type;
+// and ranges that, sorted by ObjectOffset, tile [0, ObjectSize()) exactly,
+// with no gap and no overlap. It does not check that the ranges lie in
+// registered memory. It does not modify or reorder p.Ranges and, when the
+// ranges are already in object order, does not allocate except for an
+// error.
+//
+// Errors match [ErrInvalidPlan] and name the key and the offending range by
+// its index in p.Ranges.
+func (p BlockTransferPlan) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: key %q: %s", ErrInvalidPlan, p.Key, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case p.Key == "":
+		return bad("key is empty")
+	case !utf8.ValidString(p.Key):
+		return bad("key is not valid UTF-8")
+	case p.BlockID < 0:
+		return bad("BlockID %d is negative", p.BlockID)
+	case p.GroupID < 0:
+		return bad("GroupID %d is negative", p.GroupID)
+	case len(p.Ranges) == 0:
+		return bad("no ranges")
+	}
+	describe := func(i int) string {
+		r := p.Ranges[i]
+		return fmt.Sprintf("range %d (layer %q, object offset %d, length %d)", i, r.LayerName, r.ObjectOffset, r.Length)
+	}
+	sorted := true
+	for i, r := range p.Ranges {
+		switch {
+		case r.Length == 0:
+			return bad("%s: Length is 0", describe(i))
+		case r.BaseAddress == 0:
+			return bad("%s: BaseAddress is 0", describe(i))
+		}
+		if _, carry := bits.Add64(r.ObjectOffset, r.Length, 0); carry != 0 {
+			return bad("%s: object offset + length overflows", describe(i))
+		}
+		if end, carry := bits.Add64(uint64(r.BaseAddress), r.Length, 0); carry != 0 || end > uint64(^uintptr(0)) {
+			return bad("%s: BaseAddress %#x + length passes the end of the address space", describe(i), r.BaseAddress)
+		}
+		if i > 0 && r.ObjectOffset < p.Ranges[i-1].ObjectOffset {
+			sorted = false
+		}
+	}
+	at := func(k int) int { return k }
+	if !sorted {
+		order := make([]int, len(p.Ranges))
+		for i := range order {
+			order[i] = i
+		}
+		slices.SortStableFunc(order, func(a, b int) int {
+			return cmp.Compare(p.Ranges[a].ObjectOffset, p.Ranges[b].ObjectOffset)
+		})
+		at = func(k int) int { return order[k] }
+	}
+	var next uint64 // end of the ranges seen so far, in object order
+	prev := -1
+	for k := range p.Ranges {
+		i := at(k)
+		r := p.Ranges[i]
+		switch {
+		case r.ObjectOffset > next && prev < 0:
+			return bad("%s: object bytes [0, %d) are not covered", describe(i), r.ObjectOffset)
+		case r.ObjectOffset > next:
+			return bad("%s: gap: object bytes [%d, %d) after range %d are not covered", describe(i), next, r.ObjectOffset, prev)
+		case r.ObjectOffset < next:
+			return bad("%s: overlaps range %d, which ends at object offset %d", describe(i), prev, next)
+		}
+		next = r.ObjectOffset + r.Length
+		prev = i
+	}
+	return nil
+}
+
+// LayoutPlanner turns (key, group, block) into a [BlockTransferPlan] for a
+// fixed [KVLayoutDescriptor]. The object of block b of group g is block b of
+// every region of g, concatenated in layout order: region k's bytes start at
+// the sum of BlockBytes of the group's earlier regions. A region with
+// sub-blocks contributes its chunks one after another (see [KVRegion]).
+//
+// A LayoutPlanner is immutable and safe for concurrent use. Planning one
+// block allocates only the plan's Ranges slice.
+type LayoutPlanner struct {
+	layout *KVLayoutDescriptor
+	groups []int              // ascending
+	dense  []*groupPlan       // indexed by group ID when the IDs are small
+	sparse map[int]*groupPlan // otherwise
+}
+
+// groupPlan is what the planner precomputes for one group.
+type groupPlan struct {
+	regions    []regionPlan
+	objectSize uint64
+	numRanges  int    // ranges per block: the sum of the regions' sub-blocks
+	numBlocks  int    // the smallest NumBlocks among the regions
+	limiting   string // LayerName of a region with numBlocks blocks
+}
+
+// regionPlan is one region as the planner uses it.
+type regionPlan struct {
+	layer  string
+	group  int
+	base   uintptr
+	stride uint64
+	chunk  uint64 // bytes per physical block
+	n      int    // physical blocks per logical block
+	offset uint64 // object offset of the region's first byte
+}
+
+// denseGroupLimit bounds the group IDs the planner indexes with a slice.
+const denseGroupLimit = 1024
+
+// NewLayoutPlanner validates layout (see [KVLayoutDescriptor.Validate]) and
+// precomputes each group's plan shape. It keeps a copy of the layout, so
+// later changes to layout do not affect the planner.
+func NewLayoutPlanner(layout *KVLayoutDescriptor) (*LayoutPlanner, error) {
+	if err := layout.Validate(); err != nil {
+		return nil, err
+	}
+	p := &LayoutPlanner{layout: layout.Clone(), groups: layout.Groups()}
+	if p.groups[len(p.groups)-1] < denseGroupLimit {
+		p.dense = make([]*groupPlan, p.groups[len(p.groups)-1]+1)
+	} else {
+		p.sparse = make(map[int]*groupPlan, len(p.groups))
+	}
+	for _, g := range p.groups {
+		gp := &groupPlan{numBlocks: maxInt}
+		for _, r := range p.layout.RegionsOf(g) {
+			gp.regions = append(gp.regions, regionPlan{
+				layer: r.LayerName, group: r.GroupID, base: r.BaseAddress, stride: r.Stride,
+				chunk: r.ChunkBytes(), n: r.subBlocks(), offset: gp.objectSize,
+			})
+			gp.objectSize += r.BlockBytes
+			gp.numRanges += r.subBlocks()
+			if r.NumBlocks < gp.numBlocks {
+				gp.numBlocks, gp.limiting = r.NumBlocks, r.LayerName
+			}
+		}
+		if p.dense != nil {
+			p.dense[g] = gp
+		} else {
+			p.sparse[g] = gp
+		}
+	}
+	return p, nil
+}
+
+func (p *LayoutPlanner) group(g int) *groupPlan {
+	if p.dense != nil {
+		if g >= 0 && g < len(p.dense) {
+			return p.dense[g]
+		}
+		return nil
+	}
+	return p.sparse[g]
+}
+
+// Layout returns a copy of the planner's layout.
+func (p *LayoutPlanner) Layout() *KVLayoutDescriptor { return p.layout.Clone() }
+
+// Groups returns the layout's group IDs, ascending.
+func (p *LayoutPlanner) Groups() []int { return slices.Clone(p.groups) }
+
+// ObjectSize returns the object size of the group, or 0 for a group the
+// layout does not have.
+func (p *LayoutPlanner) ObjectSize(group int) uint64 {
+	if gp := p.group(group); gp != nil {
+		return gp.objectSize
+	}
+	return 0
+}
+
+// NumBlocks returns the number of blocks a plan of the group may address
+// (the smallest NumBlocks among the group's regions), or 0 for a group the
+// layout does not have.
+func (p *LayoutPlanner) NumBlocks(group int) int {
+	if gp := p.group(group); gp != nil {
+		return gp.numBlocks
+	}
+	return 0
+}
+
+// RangesPerBlock returns the number of ranges in each plan of the group, or
+// 0 for a group the layout does not have.
+func (p *LayoutPlanner) RangesPerBlock(group int) int {
+	if gp := p.group(group); gp != nil {
+		return gp.numRanges
+	}
+	return 0
+}
+
+// PlanForBlock returns the plan that stores or loads logical block blockID
+// of the group under key. The plan's ranges are in object order (one per
+// region, or one per sub-block) and the plan passes
+// [BlockTransferPlan.Validate]. An empty key, a group the layout does not
+// have, and a block outside [0, NumBlocks(group)) are errors matching
+// [ErrInvalidPlan].
+func (p *LayoutPlanner) PlanForBlock(key string, group, blockID int) (BlockTransferPlan, error) {
+	gp, err := p.check(key, group, blockID)
+	if err != nil {
+		return BlockTransferPlan{}, err
+	}
+	ranges := gp.fill(make([]KVRange, gp.numRanges), blockID)
+	return BlockTransferPlan{Key: key, BlockID: blockID, GroupID: group, Ranges: ranges}, nil
+}
+
+// check returns the group's plan shape, or the error for a request the
+// planner cannot serve.
+func (p *LayoutPlanner) check(key string, group, blockID int) (*groupPlan, error) {
+	if key == "" {
+		return nil, fmt.Errorf("%w: empty key for group %d block %d", ErrInvalidPlan, group, blockID)
+	}
+	gp := p.group(group)
+	if gp == nil {
+		return nil, fmt.Errorf("%w: key %q: group %d is not in the layout (groups %v)", ErrInvalidPlan, key, group, p.groups)
+	}
+	if blockID < 0 || blockID >= gp.numBlocks {
+		return nil, fmt.Errorf("%w: key %q: block %d of group %d outside [0, %d) (NumBlocks of region %q)",
+			ErrInvalidPlan, key, blockID, group, gp.numBlocks, gp.limiting)
+	}
+	return gp, nil
+}
+
+// fill writes the ranges of logical block b into dst, which has exactly
+// numRanges elements, and returns it.
+func (gp *groupPlan) fill(dst []KVRange, b int) []KVRange {
+	k := 0
+	for i := range gp.regions {
+		r := &gp.regions[i]
+		phys := b * r.n
+		addr := r.base + uintptr(uint64(phys)*r.stride)
+		off := r.offset
+		for range r.n {
+			dst[k] = KVRange{
+				LayerName:    r.layer,
+				GroupID:      r.group,
+				BlockID:      phys,
+				BaseAddress:  addr,
+				Stride:       r.stride,
+				Length:       r.chunk,
+				ObjectOffset: off,
+			}
+			phys++
+			addr += uintptr(r.stride)
+			off += r.chunk
+			k++
+		}
+	}
+	return dst
+}
+
+// BlockLoadBatch is a columnar batch of blocks to load, for the bulk load
+// path: row i is block BlockIDs[i] of group GroupIDs[i], stored under
+// Keys[i], for request RequestIDs[i]. Keys, BlockIDs and GroupIDs must have
+// the same length; RequestIDs has that length too, or is empty when no row
+// carries a request ID.
+type BlockLoadBatch struct {
+	Keys       []string
+	BlockIDs   []int
+	GroupIDs   []int
+	RequestIDs []string
+}
+
+// Len returns the number of rows.
+func (b BlockLoadBatch) Len() int { return len(b.Keys) }
+
+// RequestID returns row i's request ID, or "" when the batch has none.
+func (b BlockLoadBatch) RequestID(i int) string {
+	if len(b.RequestIDs) == 0 {
+		return ""
+	}
+	return b.RequestIDs[i]
+}
+
+// Validate reports whether the columns have consistent lengths and every
+// row has a non-empty key and non-negative block and group IDs. Errors
+// match [ErrInvalidPlan] and name the column or row.
+func (b BlockLoadBatch) Validate() error {
+	n := len(b.Keys)
+	switch {
+	case len(b.BlockIDs) != n:
+		return fmt.Errorf("%w: load batch has %d Keys but %d BlockIDs", ErrInvalidPlan, n, len(b.BlockIDs))
+	case len(b.GroupIDs) != n:
+		return fmt.Errorf("%w: load batch has %d Keys but %d GroupIDs", ErrInvalidPlan, n, len(b.GroupIDs))
+	case len(b.RequestIDs) != n && len(b.RequestIDs) != 0:
+		return fmt.Errorf("%w: load batch has %d Keys but %d RequestIDs", ErrInvalidPlan, n, len(b.RequestIDs))
+	}
+	for i := range n {
+		switch {
+		case b.Keys[i] == "":
+			return fmt.Errorf("%w: load batch row %d: key is empty", ErrInvalidPlan, i)
+		case b.BlockIDs[i] < 0:
+			return fmt.Errorf("%w: load batch row %d (key %q): BlockID %d is negative", ErrInvalidPlan, i, b.Keys[i], b.BlockIDs[i])
+		case b.GroupIDs[i] < 0:
+			return fmt.Errorf("%w: load batch row %d (key %q): GroupID %d is negative", ErrInvalidPlan, i, b.Keys[i], b.GroupIDs[i])
+		}
+	}
+	return nil
+}
+
+// Plans validates the batch and returns one plan per row, in row order, as
+// [LayoutPlanner.PlanForBlock] makes them (with RequestID filled in). All
+// the plans' ranges share one allocation; each plan's Ranges has its own
+// capacity, so appending to one never overwrites another. The first row the
+// planner rejects fails the whole batch with an error naming the row.
+func (b BlockLoadBatch) Plans(planner *LayoutPlanner) ([]BlockTransferPlan, error) {
+	if err := b.Validate(); err != nil {
+		return nil, err
+	}
+	total := 0
+	for i := range b.Keys {
+		gp, err := planner.check(b.Keys[i], b.GroupIDs[i], b.BlockIDs[i])
+		if err != nil {
+			return nil, fmt.Errorf("load batch row %d: %w", i, err)
+		}
+		total += gp.numRanges
+	}
+	slab := make([]KVRange, total)
+	plans := make([]BlockTransferPlan, len(b.Keys))
+	for i := range b.Keys {
+		gp := planner.group(b.GroupIDs[i])
+		n := gp.numRanges
+		plans[i] = BlockTransferPlan{
+			Key:       b.Keys[i],
+			BlockID:   b.BlockIDs[i],
+			GroupID:   b.GroupIDs[i],
+			Ranges:    gp.fill(slab[:n:n], b.BlockIDs[i]),
+			RequestID: b.RequestID(i),
+		}
+		slab = slab[n:]
+	}
+	return plans, nil
+}

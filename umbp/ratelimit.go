@@ -1,0 +1,27 @@
+package umbp
+
+import (
+	"sync"
+	"time"
+)
+
+// failureLogInterval is how often a handle repeats a failure warning.
+const failureLogInterval = 30 * time.Second
+
+// logLimiter lets one message through per interval.
+type logLimiter struct {
+	mu   sync.Mutex
+	last time.Time
+}
+
+// allow reports whether a message may be logged now, and if so records it.
+func (l *logLimiter) allow() bool {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.last.IsZero() && now.Sub(l.last) < failureLogInterval {
+		return false
+	}
+	l.last = now
+	return true
+}

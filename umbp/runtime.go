@@ -1,0 +1,67 @@
+package umbp
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/umbp-go/umbp-go/internal/conn"
+)
+
+// StandaloneRuntime is a validated configuration that yields handles on one
+// umbp_standalone_server. It holds no connection itself: each handle owns
+// its own. It is safe for concurrent use.
+type StandaloneRuntime struct {
+	cfg Config
+}
+
+// NewStandaloneRuntime validates cfg, fills in defaults and normalizes the
+// endpoint. It does no I/O: the server need not be running yet.
+func NewStandaloneRuntime(cfg Config) (*StandaloneRuntime, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &StandaloneRuntime{cfg: c}, nil
+}
+
+// Endpoint returns the normalized server address, "unix:///abs/path".
+func (r *StandaloneRuntime) Endpoint() string { return r.cfg.Endpoint }
+
+// Config returns the configuration in effect, defaults filled in.
+func (r *StandaloneRuntime) Config() Config {
+	c := r.cfg
+	c.Tags = append([]string(nil), c.Tags...)
+	return c
+}
+
+// dial attaches one connection, waiting at most StartupTimeout (or ctx) for
+// the server to answer Ping.
+func (r *StandaloneRuntime) dial(ctx context.Context) (*conn.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.StartupTimeout)
+	defer cancel()
+	c, err := conn.Dial(ctx, conn.Options{
+		Endpoint:       r.cfg.Endpoint,
+		StartupTimeout: r.cfg.StartupTimeout,
+		NodeID:         r.cfg.NodeID,
+		NodeAddress:    r.cfg.NodeAddress,
+		Tags:           r.cfg.Tags,
+		Logger:         r.cfg.Logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cannot attach to the UMBP standalone server at %s; start umbp_standalone_server on this host first: %w", r.cfg.Endpoint, err)
+	}
+	return c, nil
+}
+
+// checkHandleArgs validates what every handle constructor takes.
+func checkHandleArgs(namespace string, topo RankTopology, layout *KVLayoutDescriptor) error {
+	if err := topo.Validate(); err != nil {
+		return err
+	}
+	if layout != nil {
+		if err := layout.Validate(); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,248 @@
+package umbp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/umbp-go/umbp-go/internal/conn"
+	"github.com/umbp-go/umbp-go/internal/daemonpool"
+)
+
+var (
+	// errUnanswered refuses a call while an earlier one that overran its
+	// deadline has not returned: the server is stalled, asking again would
+	// only queue behind it.
+	errUnanswered = errors.New("an earlier call to the server has not returned")
+	// errHandleClosed answers calls after Close.
+	errHandleClosed = errors.New("handle is closed")
+)
+
+// SchedulerHandle answers a scheduler's questions about which KV blocks the
+// shared pool holds. It never holds its caller up: every call runs on a
+// detached goroutine, and a call that fails or gets no reply within
+// LookupTimeout answers as a miss. Until a call that overran returns, later
+// calls answer misses at once without touching the server.
+//
+// A SchedulerHandle is safe for concurrent use.
+type SchedulerHandle struct {
+	conn    *conn.Conn
+	address string
+	log     *slog.Logger
+	timeout time.Duration // per call, from LookupTimeout
+	// rpcTimeout bounds the RPC itself, so that a server that never answers
+	// lets the handle probe it again eventually. Lookups touch no memory of
+	// ours, so cancelling one is safe.
+	rpcTimeout   time.Duration
+	closeTimeout time.Duration
+	calls        *daemonpool.Pool
+	failures     logLimiter
+
+	mu         sync.Mutex
+	unanswered *daemonpool.Future
+	closed     bool
+}
+
+// NewSchedulerHandle attaches a scheduler handle to the server, waiting at
+// most StartupTimeout (or until ctx ends) for it to answer. The namespace,
+// topology and layout are validated but do not affect lookups: keys are
+// looked up exactly as given. layout may be nil.
+func (r *StandaloneRuntime) NewSchedulerHandle(ctx context.Context, namespace string, topo RankTopology, layout *KVLayoutDescriptor) (*SchedulerHandle, error) {
+	if err := checkHandleArgs(namespace, topo, layout); err != nil {
+		return nil, err
+	}
+	c, err := r.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := daemonpool.New(1, "umbp-standalone-lookup")
+	if err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return &SchedulerHandle{
+		conn:         c,
+		address:      r.cfg.Endpoint,
+		log:          r.cfg.Logger,
+		timeout:      r.cfg.LookupTimeout,
+		rpcTimeout:   max(r.cfg.Timeout, r.cfg.LookupTimeout),
+		closeTimeout: r.cfg.Timeout,
+		calls:        pool,
+	}, nil
+}
+
+// call runs fn on the handle's detached goroutine and waits for it at most
+// LookupTimeout or until ctx ends.
+func (h *SchedulerHandle) call(ctx context.Context, method string, fn func(context.Context) (any, error)) (any, error) {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil, errHandleClosed
+	}
+	if h.unanswered != nil {
+		select {
+		case <-h.unanswered.Done():
+			h.unanswered = nil
+		default:
+			h.mu.Unlock()
+			return nil, errUnanswered
+		}
+	}
+	rpcTimeout := h.rpcTimeout
+	f, err := h.calls.Submit(func() (any, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), rpcTimeout)
+		defer cancel()
+		return fn(ctx)
+	})
+	h.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	timer := time.NewTimer(h.timeout)
+	defer timer.Stop()
+	select {
+	case <-f.Done():
+		return f.Result()
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	select {
+	case <-f.Done(): // answered just in time
+		return f.Result()
+	default:
+	}
+	if !f.Cancel() { // a call that never started holds nothing up
+		h.mu.Lock()
+		h.unanswered = f
+		h.mu.Unlock()
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", method, err)
+	}
+	return nil, fmt.Errorf("%s got no reply within %v: %w", method, h.timeout, context.DeadlineExceeded)
+}
+
+// Lookup reports, for each key, whether the pool holds it. It returns one
+// bool per key, in order; any failure, a reply of the wrong length or no
+// reply within LookupTimeout answers all misses. Empty keys answer an empty
+// result without calling the server.
+func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
+	if len(keys) == 0 {
+		return []bool{}
+	}
+	v, err := h.call(ctx, "BatchExists", func(ctx context.Context) (any, error) {
+		return h.conn.BatchExists(ctx, keys)
+	})
+	if err != nil {
+		h.logFailure("lookup", err)
+		return make([]bool, len(keys))
+	}
+	hits := v.([]bool)
+	if len(hits) != len(keys) {
+		h.logFailure("lookup", fmt.Errorf("%d results for %d keys", len(hits), len(keys)))
+		return make([]bool, len(keys))
+	}
+	return hits
+}
+
+// LookupPrefix returns how many leading keys the pool holds, under the same
+// rules as Lookup: any failure answers 0.
+func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
+	if len(keys) == 0 {
+		return 0
+	}
+	v, err := h.call(ctx, "BatchExistsConsecutive", func(ctx context.Context) (any, error) {
+		return h.conn.BatchExistsConsecutive(ctx, keys)
+	})
+	if err != nil {
+		h.logFailure("prefix lookup", err)
+		return 0
+	}
+	n := v.(int)
+	if n < 0 || n > len(keys) {
+		h.logFailure("prefix lookup", fmt.Errorf("count %d for %d keys", n, len(keys)))
+		return 0
+	}
+	return n
+}
+
+// Clear removes every object from the pool — the KV of every engine attached
+// to the server, not only this one's — and reports whether the server did
+// so. Failures answer false.
+func (h *SchedulerHandle) Clear(ctx context.Context) bool {
+	v, err := h.call(ctx, "Clear", func(ctx context.Context) (any, error) {
+		return h.conn.Clear(ctx)
+	})
+	if err != nil {
+		h.logFailure("clear", err)
+		return false
+	}
+	if cleared := v.(bool); !cleared {
+		h.log.Warn("UMBP standalone clear failed", "endpoint", h.address)
+		return false
+	}
+	h.log.Warn("cleared the UMBP standalone pool; this removes KV for every engine attached to it", "endpoint", h.address)
+	return true
+}
+
+// Close releases the handle. It never blocks longer than Timeout. If a call
+// to the server never returned, the connection is left open (closing it
+// would wait for that call) and Close says so; calls after Close answer
+// misses.
+func (h *SchedulerHandle) Close() error {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil
+	}
+	h.closed = true
+	unanswered := h.unanswered != nil && !isDone(h.unanswered)
+	h.mu.Unlock()
+	h.calls.Shutdown(false, true)
+	if unanswered {
+		// Close the connection once the call returns; closing it now would
+		// wait for that call.
+		go func() {
+			<-h.calls.Terminated()
+			_ = h.conn.Close()
+		}()
+		return h.leaveOpen("a call to the server never returned")
+	}
+	done := make(chan error, 1)
+	go func() { done <- h.conn.Close() }()
+	timer := time.NewTimer(h.closeTimeout)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			h.log.Warn("UMBP standalone scheduler client close failed", "endpoint", h.address, "err", err)
+		}
+		return nil
+	case <-timer.C:
+		return h.leaveOpen(fmt.Sprintf("close did not return in %v", h.closeTimeout))
+	}
+}
+
+func (h *SchedulerHandle) leaveOpen(reason string) error {
+	h.log.Warn("UMBP standalone scheduler client left open at shutdown", "endpoint", h.address, "reason", reason)
+	return fmt.Errorf("umbp: scheduler connection to %s left open: %s", h.address, reason)
+}
+
+func (h *SchedulerHandle) logFailure(op string, err error) {
+	if errors.Is(err, errHandleClosed) || !h.failures.allow() {
+		return
+	}
+	h.log.Warn("UMBP standalone call failed; treating as a miss", "op", op, "endpoint", h.address, "err", err)
+}
+
+func isDone(f *daemonpool.Future) bool {
+	select {
+	case <-f.Done():
+		return true
+	default:
+		return false
+	}
+}

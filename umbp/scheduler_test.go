@@ -1,0 +1,253 @@
+package umbp_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/umbp-go/umbp-go/umbp"
+	"github.com/umbp-go/umbp-go/umbp/umbptest"
+)
+
+// margin is a generous bound on scheduling noise for "does not hang" checks.
+const margin = 2 * time.Second
+
+func storeKeys(t *testing.T, rt *umbp.StandaloneRuntime, n int) []string {
+	t.Helper()
+	e := newEngine(t, rt, 2, n, 256)
+	ids := make([]int, n)
+	for i := range ids {
+		ids[i] = i
+	}
+	plans := e.plans(t, "blk", ids...)
+	e.fill(plans, 1)
+	job := e.w.Store(plans)
+	waitJob(t, e.w, job)
+	if job.Status() != umbp.JobCompleted {
+		t.Fatalf("store: %s %s", job.Status(), job.Err())
+	}
+	keys := make([]string, n)
+	for i, p := range plans {
+		keys[i] = p.Key
+	}
+	return keys
+}
+
+func newScheduler(t *testing.T, rt *umbp.StandaloneRuntime) *umbp.SchedulerHandle {
+	t.Helper()
+	h, err := rt.NewSchedulerHandle(context.Background(), "test", umbp.RankTopology{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close() })
+	return h
+}
+
+func allEqual(got []bool, want bool) bool {
+	for _, g := range got {
+		if g != want {
+			return false
+		}
+	}
+	return true
+}
+
+func TestLookup(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	keys := storeKeys(t, rt, 8)
+	h := newScheduler(t, rt)
+	ctx := context.Background()
+
+	got := h.Lookup(ctx, append(keys[:4:4], "missing", keys[5]))
+	want := []bool{true, true, true, true, false, true}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("Lookup = %v, want %v", got, want)
+	}
+	if n := h.LookupPrefix(ctx, append(keys[:3:3], "missing", keys[4])); n != 3 {
+		t.Fatalf("LookupPrefix = %d, want 3", n)
+	}
+	before := srv.Calls("BatchExists")
+	if got := h.Lookup(ctx, nil); len(got) != 0 {
+		t.Fatalf("Lookup(nil) = %v", got)
+	}
+	if h.LookupPrefix(ctx, nil) != 0 || srv.Calls("BatchExists") != before {
+		t.Fatal("empty lookups reached the server")
+	}
+	if !h.Clear(ctx) {
+		t.Fatal("Clear failed")
+	}
+	if got := h.Lookup(ctx, keys); !allEqual(got, false) {
+		t.Fatalf("after Clear: %v", got)
+	}
+}
+
+func TestLookupFailuresAreMisses(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	keys := storeKeys(t, rt, 4)
+	h := newScheduler(t, rt)
+	ctx := context.Background()
+	srv.FailNext("BatchExists", 1)
+	if got := h.Lookup(ctx, keys); len(got) != 4 || !allEqual(got, false) {
+		t.Fatalf("failed lookup = %v, want 4 misses", got)
+	}
+	if got := h.Lookup(ctx, keys); !allEqual(got, true) {
+		t.Fatalf("lookup after a failure = %v, want hits", got)
+	}
+	srv.FailNext("Clear", 1)
+	if h.Clear(ctx) {
+		t.Fatal("failed Clear reported true")
+	}
+	// A caller's context that ends answers misses at once.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if got := h.Lookup(cctx, keys); !allEqual(got, false) {
+		t.Fatalf("lookup with a done context = %v", got)
+	}
+}
+
+// TestLookupStalledServer is the scheduler's promise: a stalled server is a
+// miss within LookupTimeout, and later lookups do not queue behind it.
+func TestLookupStalledServer(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	cfg := testConfig(t, srv.Endpoint())
+	rt := newRuntime(t, cfg)
+	keys := storeKeys(t, rt, 4)
+	h := newScheduler(t, rt)
+	ctx := context.Background()
+	if got := h.Lookup(ctx, keys); !allEqual(got, true) {
+		t.Fatalf("before stall: %v", got)
+	}
+
+	srv.Stall()
+	start := time.Now()
+	got := h.Lookup(ctx, keys)
+	if el := time.Since(start); el > cfg.LookupTimeout+margin {
+		t.Fatalf("stalled lookup took %v, bound %v", el, cfg.LookupTimeout)
+	}
+	if !allEqual(got, false) {
+		t.Fatalf("stalled lookup = %v, want misses", got)
+	}
+	calls := srv.Calls("BatchExists")
+	start = time.Now()
+	for range 5 {
+		if got := h.Lookup(ctx, keys); !allEqual(got, false) {
+			t.Fatalf("lookup behind a stalled call = %v", got)
+		}
+		if h.LookupPrefix(ctx, keys) != 0 {
+			t.Fatal("prefix lookup behind a stalled call hit")
+		}
+	}
+	if el := time.Since(start); el > margin {
+		t.Fatalf("lookups behind a stalled call took %v, want at once", el)
+	}
+	if c := srv.Calls("BatchExists"); c != calls {
+		t.Fatalf("server saw %d new calls while one was unanswered", c-calls)
+	}
+
+	srv.Resume()
+	deadline := time.Now().Add(10 * time.Second)
+	for !allEqual(h.Lookup(ctx, keys), true) {
+		if time.Now().After(deadline) {
+			t.Fatal("lookups did not hit again after Resume")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestSchedulerCloseWithStuckCall(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	cfg := testConfig(t, srv.Endpoint())
+	cfg.Timeout = 500 * time.Millisecond
+	rt := newRuntime(t, cfg)
+	h, err := rt.NewSchedulerHandle(context.Background(), "test", umbp.RankTopology{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Stall()
+	defer srv.Resume()
+	h.Lookup(context.Background(), []string{"k"})
+	start := time.Now()
+	err = h.Close()
+	if el := time.Since(start); el > cfg.Timeout+margin {
+		t.Fatalf("Close took %v", el)
+	}
+	if err == nil || !strings.Contains(err.Error(), "left open") {
+		t.Fatalf("Close with a stuck call = %v, want it to say the connection was left open", err)
+	}
+	if got := h.Lookup(context.Background(), []string{"k"}); !allEqual(got, false) || h.Clear(context.Background()) {
+		t.Fatal("calls after Close did not answer misses")
+	}
+}
+
+func TestNewSchedulerHandleUnreachable(t *testing.T) {
+	ep := filepath.Join(shortDir(t), "none.grpc.sock")
+	cfg := testConfig(t, ep)
+	cfg.StartupTimeout = 300 * time.Millisecond
+	rt := newRuntime(t, cfg)
+	start := time.Now()
+	_, err := rt.NewSchedulerHandle(context.Background(), "test", umbp.RankTopology{}, nil)
+	if err == nil || !strings.Contains(err.Error(), "cannot attach to the UMBP standalone server at unix://"+ep+"; start umbp_standalone_server on this host first") {
+		t.Fatalf("err = %v", err)
+	}
+	if el := time.Since(start); el > cfg.StartupTimeout+margin {
+		t.Fatalf("attach took %v past StartupTimeout %v", el, cfg.StartupTimeout)
+	}
+	if _, err := rt.NewSchedulerHandle(context.Background(), "t", umbp.RankTopology{TPSize: 2, TPRank: 2}, nil); err == nil {
+		t.Fatal("bad topology accepted")
+	}
+}
+
+// TestLookupServerProcessStoppedAndKilled drives a real server process:
+// SIGSTOP makes lookups miss within their bound, SIGCONT brings hits back,
+// SIGKILL makes them miss without errors or hangs.
+func TestLookupServerProcessStoppedAndKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the server binary")
+	}
+	ep := filepath.Join(shortDir(t), "n.grpc.sock")
+	p := startServerProcess(t, ep)
+	cfg := testConfig(t, ep)
+	rt := newRuntime(t, cfg)
+	keys := storeKeys(t, rt, 4)
+	h := newScheduler(t, rt)
+	ctx := context.Background()
+	if got := h.Lookup(ctx, keys); !allEqual(got, true) {
+		t.Fatalf("lookup = %v", got)
+	}
+
+	p.signal(syscall.SIGSTOP)
+	start := time.Now()
+	got := h.Lookup(ctx, keys)
+	if el := time.Since(start); el > cfg.LookupTimeout+margin || !allEqual(got, false) {
+		t.Fatalf("lookup on a stopped server: %v after %v", got, el)
+	}
+	start = time.Now()
+	if got := h.Lookup(ctx, keys); !allEqual(got, false) || time.Since(start) > margin {
+		t.Fatalf("second lookup on a stopped server: %v after %v", got, time.Since(start))
+	}
+	p.signal(syscall.SIGCONT)
+	deadline := time.Now().Add(10 * time.Second)
+	for !allEqual(h.Lookup(ctx, keys), true) {
+		if time.Now().After(deadline) {
+			t.Fatal("no hits after SIGCONT")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	p.kill()
+	for range 3 {
+		start := time.Now()
+		if got := h.Lookup(ctx, keys); !allEqual(got, false) {
+			t.Fatalf("lookup on a killed server = %v", got)
+		}
+		if el := time.Since(start); el > cfg.LookupTimeout+margin {
+			t.Fatalf("lookup on a killed server took %v", el)
+		}
+	}
+}

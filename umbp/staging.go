@@ -1,0 +1,153 @@
+package umbp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/umbp-go/umbp-go/internal/conn"
+)
+
+// A server without ranged I/O stores each object from one contiguous
+// segment, so the ranges of a multi-range plan are gathered into (or
+// scattered from) a staging HostBuffer that the handle registers itself.
+
+const (
+	stagingMin   = 4 << 20  // smallest staging buffer
+	stagingChunk = 64 << 20 // bytes staged per RPC, unless one object is larger
+)
+
+// stagingPool hands out registered staging buffers, one per concurrent use.
+type stagingPool struct {
+	w     *WorkerHandle
+	mu    sync.Mutex
+	free  []*HostBuffer
+	all   []*HostBuffer
+	count int
+}
+
+// get returns a registered staging buffer of at least size bytes.
+func (s *stagingPool) get(size uint64) (*HostBuffer, error) {
+	s.mu.Lock()
+	for i, b := range s.free {
+		if b.mappedSize() >= size {
+			s.free = append(s.free[:i], s.free[i+1:]...)
+			s.mu.Unlock()
+			return b, nil
+		}
+	}
+	s.count++
+	n := s.count
+	s.mu.Unlock()
+
+	want := max(size, stagingMin)
+	b, err := NewHostBuffer(int(want))
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.w.timeout)
+	defer cancel()
+	if err := b.acquire(); err != nil {
+		return nil, err
+	}
+	if err := s.w.conn.RegisterHost(ctx, b.fd, b.base(), b.mappedSize()); err != nil {
+		b.release()
+		_ = b.Close()
+		return nil, fmt.Errorf("register staging buffer: %w", err)
+	}
+	s.w.addRegion(&memRegion{names: []string{fmt.Sprintf("staging-%d", n)}, base: b.base(), size: b.mappedSize(), loc: LocationHost, host: b})
+	s.mu.Lock()
+	s.all = append(s.all, b)
+	s.mu.Unlock()
+	return b, nil
+}
+
+func (s *stagingPool) put(b *HostBuffer) {
+	s.mu.Lock()
+	s.free = append(s.free, b)
+	s.mu.Unlock()
+}
+
+// close unmaps every staging buffer; the handle has released them.
+func (s *stagingPool) close() {
+	s.mu.Lock()
+	all := s.all
+	s.all, s.free = nil, nil
+	s.mu.Unlock()
+	for _, b := range all {
+		_ = b.Close()
+	}
+}
+
+// hostBytes views n bytes of registered host memory at addr. The memory is
+// a HostBuffer mapping, outside the Go heap.
+func hostBytes(addr uintptr, n uint64) []byte {
+	p := *(*unsafe.Pointer)(unsafe.Pointer(&addr))
+	return unsafe.Slice((*byte)(p), n)
+}
+
+// staged moves the multi-range items at indexes multi through staging
+// buffers, chunk by chunk, recording each item's result.
+func (w *WorkerHandle) staged(ctx context.Context, kind jobKind, items []item, multi []int, results []bool) error {
+	var errs []error
+	for start := 0; start < len(multi); {
+		end, total := start, uint64(0)
+		for end < len(multi) && (end == start || total+items[multi[end]].obj.Size <= stagingChunk) {
+			total += items[multi[end]].obj.Size
+			end++
+		}
+		if err := w.stageChunk(ctx, kind, items, multi[start:end], total, results); err != nil {
+			errs = append(errs, err)
+		}
+		start = end
+	}
+	return errors.Join(errs...)
+}
+
+func (w *WorkerHandle) stageChunk(ctx context.Context, kind jobKind, items []item, idx []int, total uint64, results []bool) error {
+	for _, k := range idx {
+		if !items[k].host {
+			return fmt.Errorf("%w: multi-range plans in GPU memory need a server with ranged I/O", ErrNotSupported)
+		}
+	}
+	buf, err := w.staging.get(total)
+	if err != nil {
+		return err
+	}
+	defer w.staging.put(buf)
+	stage := buf.mem
+	keys := make([]string, len(idx))
+	segs := make([]conn.Segment, len(idx))
+	var off uint64
+	for i, k := range idx {
+		obj := &items[k].obj
+		keys[i] = obj.Key
+		segs[i] = conn.Segment{RegionBase: uint64(buf.base()), Offset: off, Size: obj.Size}
+		if kind == kindStore {
+			for _, r := range obj.Ranges {
+				copy(stage[off+r.ObjectOffset:off+r.ObjectOffset+r.Size], hostBytes(uintptr(r.RegionBase+r.Offset), r.Size))
+			}
+		}
+		off += obj.Size
+	}
+	var got []bool
+	if kind == kindStore {
+		got, err = w.conn.BatchPut(ctx, keys, segs)
+	} else {
+		got, err = w.conn.BatchGet(ctx, keys, segs)
+	}
+	for i, k := range idx {
+		ok := i < len(got) && got[i]
+		results[k] = ok
+		if ok && kind == kindLoad {
+			obj := &items[k].obj
+			base := segs[i].Offset
+			for _, r := range obj.Ranges {
+				copy(hostBytes(uintptr(r.RegionBase+r.Offset), r.Size), stage[base+r.ObjectOffset:base+r.ObjectOffset+r.Size])
+			}
+		}
+	}
+	return err
+}

@@ -1,0 +1,373 @@
+package umbp_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/umbp-go/umbp-go/umbp"
+	"github.com/umbp-go/umbp-go/umbp/umbptest"
+)
+
+func ids(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
+// roundTrip stores blocks from engine A and loads them into engine B at
+// other block ids, checking every byte.
+func roundTrip(t *testing.T, opts umbptest.Options, layers int) {
+	srv := newServer(t, opts)
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	const blocks, blockBytes = 16, 512
+	a := newEngine(t, rt, layers, blocks, blockBytes)
+	b := newEngine(t, rt, layers, blocks, blockBytes)
+
+	src := a.plans(t, "rt", ids(8)...)
+	a.fill(src, 0x5a)
+	job := a.w.Store(src)
+	waitJob(t, a.w, job)
+	if job.Status() != umbp.JobCompleted || len(job.CompletedKeys()) != 8 {
+		t.Fatalf("store: %s %q", job.Status(), job.Err())
+	}
+	// Load into B's blocks 8..15, under A's keys.
+	dst := make([]umbp.BlockTransferPlan, 8)
+	for i := range dst {
+		p, err := b.plan.PlanForBlock(src[i].Key, 0, 8+i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst[i] = p
+	}
+	job = b.w.Load(dst)
+	waitJob(t, b.w, job)
+	if job.Status() != umbp.JobCompleted {
+		t.Fatalf("load: %s %q", job.Status(), job.Err())
+	}
+	b.check(t, dst, 0x5a, ids(8))
+
+	// The bulk paths give the same bytes.
+	b2 := newEngine(t, rt, layers, blocks, blockBytes)
+	lj, ok := b2.w.LoadBlocks(umbp.BlockLoadBatch{Keys: job.Keys(), BlockIDs: ids(8), GroupIDs: make([]int, 8)})
+	if !ok {
+		t.Fatal("LoadBlocks refused a plannable batch")
+	}
+	waitJob(t, b2.w, lj)
+	if lj.Status() != umbp.JobCompleted {
+		t.Fatalf("LoadBlocks: %s %q", lj.Status(), lj.Err())
+	}
+	b2.check(t, b2.plans(t, "x", ids(8)...), 0x5a, ids(8))
+}
+
+func TestRoundTripRanged(t *testing.T) { roundTrip(t, umbptest.Options{}, 12) }
+
+func TestRoundTripWithoutRangedIO(t *testing.T) {
+	t.Run("v2-no-ranged", func(t *testing.T) { roundTrip(t, umbptest.Options{DisableRangedIO: true}, 12) })
+	t.Run("v1", func(t *testing.T) { roundTrip(t, umbptest.Options{Version: 1}, 12) })
+	t.Run("v1-single-range", func(t *testing.T) { roundTrip(t, umbptest.Options{Version: 1}, 1) })
+}
+
+func TestStoreBlocksBulkPath(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	a := newEngine(t, rt, 4, 8, 128)
+	plans := a.plans(t, "bulk", 0, 1, 2)
+	a.fill(plans, 3)
+	bare := make([]umbp.BlockTransferPlan, len(plans))
+	for i, p := range plans {
+		bare[i] = umbp.BlockTransferPlan{Key: p.Key, BlockID: p.BlockID}
+	}
+	job, ok := a.w.StoreBlocks(bare)
+	if !ok {
+		t.Fatal("StoreBlocks refused")
+	}
+	waitJob(t, a.w, job)
+	if job.Status() != umbp.JobCompleted {
+		t.Fatalf("%s %s", job.Status(), job.Err())
+	}
+	if _, ok := a.w.StoreBlocks(plans); ok {
+		t.Fatal("StoreBlocks took plans with explicit ranges")
+	}
+	if _, ok := a.w.StoreBlocks([]umbp.BlockTransferPlan{{Key: "k", BlockID: 99}}); ok {
+		t.Fatal("StoreBlocks took a block out of range")
+	}
+	if _, ok := a.w.StoreBlocks([]umbp.BlockTransferPlan{{Key: "k", GroupID: 7}}); ok {
+		t.Fatal("StoreBlocks took a missing group")
+	}
+	if _, ok := a.w.LoadBlocks(umbp.BlockLoadBatch{Keys: []string{"a"}, BlockIDs: []int{0}}); ok {
+		t.Fatal("LoadBlocks took unequal columns")
+	}
+}
+
+func TestBadPlansFailOnlyThemselves(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	a := newEngine(t, rt, 2, 4, 256)
+	plans := a.plans(t, "ok", 0, 1)
+	outside := a.plans(t, "outside", 2)[0]
+	outside.Ranges[0].BaseAddress = 0x1000 // not registered
+	gap := a.plans(t, "gap", 3)[0]
+	gap.Ranges[1].ObjectOffset += 8
+	all := []umbp.BlockTransferPlan{plans[0], outside, gap, plans[1]}
+	job := a.w.Store(all)
+	waitJob(t, a.w, job)
+	if job.Status() != umbp.JobFailed {
+		t.Fatalf("status %s", job.Status())
+	}
+	if got := fmt.Sprint(job.CompletedKeys()); got != "[ok-0 ok-1]" {
+		t.Fatalf("completed %s", got)
+	}
+	if got := fmt.Sprint(job.FailedKeys()); got != "[outside-2 gap-3]" {
+		t.Fatalf("failed %s", got)
+	}
+	if fmt.Sprint(job.FailedBlockIDs()) != "[2 3]" {
+		t.Fatalf("failed ids %v", job.FailedBlockIDs())
+	}
+	for _, frag := range []string{umbp.TransferNotAttempted, `key "outside-2" range 0`, "outside registered memory", "gap-3"} {
+		if !strings.Contains(job.Err(), frag) {
+			t.Errorf("Err() = %q, want it to mention %q", job.Err(), frag)
+		}
+	}
+	// A load of a missing key fails that key only.
+	lp := a.plans(t, "ok", 0, 1)
+	lp = append(lp, a.plans(t, "never-stored", 2)...)
+	lj := a.w.Load(lp)
+	waitJob(t, a.w, lj)
+	if fmt.Sprint(lj.FailedKeys()) != "[never-stored-2]" || len(lj.CompletedKeys()) != 2 {
+		t.Fatalf("load: completed %v failed %v", lj.CompletedKeys(), lj.FailedKeys())
+	}
+	if err := a.w.Publish(lj); err == nil {
+		t.Fatal("Publish of a failed job succeeded")
+	}
+	if err := a.w.Publish(job); err == nil {
+		t.Fatal("Publish of a failed store succeeded")
+	}
+}
+
+func TestRegisterBuffers(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	w, err := rt.NewWorkerHandle(context.Background(), "t", umbp.RankTopology{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	buf, err := umbp.NewHostBuffer(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := buf.Buffer().Ptr
+	goHeap := make([]byte, 4096)
+	err = w.RegisterBuffers(context.Background(), map[string]umbp.Buffer{
+		"k":      {Ptr: base, Size: 1 << 19, Location: umbp.LocationHost},
+		"v":      {Ptr: base + 1<<19, Size: 1 << 19},
+		"heap":   {Ptr: uintptr(unsafe.Pointer(&goHeap[0])), Size: 4096, Location: umbp.LocationHost},
+		"gpu":    {Ptr: 0xdead0000, Size: 4096, Location: umbp.LocationGPU},
+		"empty":  {Ptr: base, Size: 0},
+		"spills": {Ptr: base + 1<<19, Size: 1 << 20, Location: umbp.LocationHost},
+	})
+	if err == nil {
+		t.Fatal("bad buffers accepted")
+	}
+	for _, frag := range []string{`"heap"`, "HostBuffer", `"gpu"`, `"empty"`, `"spills"`} {
+		if !strings.Contains(err.Error(), frag) {
+			t.Errorf("error %q does not mention %s", err, frag)
+		}
+	}
+	if !errors.Is(err, umbp.ErrNotSupported) && !strings.Contains(err.Error(), "not supported") {
+		t.Errorf("GPU buffer error does not say not supported: %v", err)
+	}
+	if n := srv.Calls("RegisterMemory"); n != 1 {
+		t.Fatalf("two buffers in one allocation made %d registrations, want 1", n)
+	}
+	// Registered memory cannot be let go while the handle holds it.
+	if err := buf.Close(); !errors.Is(err, umbp.ErrBuffersInUse) {
+		t.Fatalf("Close of a registered buffer = %v, want ErrBuffersInUse", err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := buf.Close(); err != nil {
+		t.Fatalf("Close after the handle deregistered: %v", err)
+	}
+	if n := srv.Calls("DeregisterMemory"); n != 1 {
+		t.Fatalf("DeregisterMemory calls = %d", n)
+	}
+	if err := w.RegisterBuffers(context.Background(), nil); !errors.Is(err, umbp.ErrClosed) {
+		t.Fatalf("register after close = %v", err)
+	}
+	if job := w.Store(nil); job.Status() == umbp.JobRunning {
+		t.Fatal("store after close is running")
+	}
+}
+
+// TestStalledStore is the worker's promise: a store that outlives Timeout
+// blocks new transfers (they fail as not attempted, at once), Wait says the
+// buffers are in use, and everything resumes with the server.
+func TestStalledStore(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	cfg := testConfig(t, srv.Endpoint())
+	cfg.Timeout = 300 * time.Millisecond
+	cfg.NumWorkers = 2
+	rt := newRuntime(t, cfg)
+	a := newEngine(t, rt, 2, 8, 256)
+	plans := a.plans(t, "s", 0, 1)
+	a.fill(plans, 9)
+
+	srv.Stall()
+	stuck := a.w.Store(plans)
+	if a.w.Poll(stuck) {
+		t.Fatal("Poll true on a stalled store")
+	}
+	start := time.Now()
+	err := a.w.Wait(context.Background(), stuck)
+	if !errors.Is(err, umbp.ErrBuffersInUse) {
+		t.Fatalf("Wait on a stalled store = %v, want ErrBuffersInUse", err)
+	}
+	if el := time.Since(start); el > cfg.Timeout+margin {
+		t.Fatalf("Wait took %v", el)
+	}
+	if stuck.Status() != umbp.JobRunning || a.w.Poll(stuck) {
+		t.Fatalf("stalled store is %s", stuck.Status())
+	}
+	for _, j := range []*umbp.TransferJob{a.w.Store(a.plans(t, "s", 2)), a.w.Load(a.plans(t, "s", 0))} {
+		if j.Status() != umbp.JobFailed || !strings.Contains(j.Err(), "transfer not attempted: an earlier UMBP standalone transfer is still blocked") {
+			t.Fatalf("transfer while blocked: %s %q", j.Status(), j.Err())
+		}
+	}
+
+	srv.Resume()
+	select {
+	case <-stuck.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("stalled store did not finish after Resume")
+	}
+	if stuck.Status() != umbp.JobCompleted {
+		t.Fatalf("stalled store ended %s: %s", stuck.Status(), stuck.Err())
+	}
+	next := a.w.Store(a.plans(t, "s", 3))
+	waitJob(t, a.w, next)
+	if next.Status() != umbp.JobCompleted {
+		t.Fatalf("store after resume: %s %s", next.Status(), next.Err())
+	}
+}
+
+// TestQueuedBehindBlocked: with one transfer goroutine stuck, a job queued
+// behind it is failed as not attempted by Poll and Wait, and Cancel withdraws
+// another.
+func TestQueuedBehindBlocked(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	cfg := testConfig(t, srv.Endpoint())
+	cfg.Timeout = 200 * time.Millisecond
+	cfg.NumWorkers = 1
+	rt := newRuntime(t, cfg)
+	a := newEngine(t, rt, 1, 8, 256)
+	srv.Stall()
+	defer srv.Resume()
+	stuck := a.w.Store(a.plans(t, "q", 0))
+	queued1 := a.w.Store(a.plans(t, "q", 1))
+	queued2 := a.w.Load(a.plans(t, "q", 2))
+	queued3 := a.w.Store(a.plans(t, "q", 3))
+	a.w.Cancel(queued3)
+	if queued3.Status() != umbp.JobCancelled || queued3.Err() != "preempted" {
+		t.Fatalf("cancelled queued job: %s %q", queued3.Status(), queued3.Err())
+	}
+	if a.w.Poll(queued1) {
+		t.Fatal("Poll failed a queued job before anything was blocked")
+	}
+	time.Sleep(cfg.Timeout + 50*time.Millisecond) // the stuck store is now blocked
+	if !a.w.Poll(queued1) || queued1.Status() != umbp.JobFailed || !strings.Contains(queued1.Err(), "queued behind a blocked") {
+		t.Fatalf("Poll of a queued job: %s %q", queued1.Status(), queued1.Err())
+	}
+	if err := a.w.Wait(context.Background(), queued2); err != nil {
+		t.Fatalf("Wait of a queued job: %v", err)
+	}
+	if queued2.Status() != umbp.JobFailed || !strings.HasPrefix(queued2.Err(), umbp.TransferNotAttempted) {
+		t.Fatalf("Wait of a queued job: %s %q", queued2.Status(), queued2.Err())
+	}
+	// Cancelling a running store leaves it running.
+	a.w.Cancel(stuck)
+	if stuck.Status() != umbp.JobRunning {
+		t.Fatalf("cancel of a running store: %s", stuck.Status())
+	}
+}
+
+func TestCloseWithStalledStoreAbandons(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	cfg := testConfig(t, srv.Endpoint())
+	cfg.Timeout = 300 * time.Millisecond
+	rt := newRuntime(t, cfg)
+	buf, err := umbp.NewHostBuffer(1 << 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := rt.NewWorkerHandle(context.Background(), "t", umbp.RankTopology{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.RegisterBuffers(context.Background(), map[string]umbp.Buffer{"kv": buf.Buffer()}); err != nil {
+		t.Fatal(err)
+	}
+	base := buf.Buffer().Ptr
+	plan := umbp.BlockTransferPlan{Key: "abandon", Ranges: []umbp.KVRange{{BaseAddress: base, Length: 4096}}}
+	srv.Stall()
+	defer srv.Resume()
+	job := w.Store([]umbp.BlockTransferPlan{plan})
+	queued := w.Store([]umbp.BlockTransferPlan{{Key: "q", Ranges: []umbp.KVRange{{BaseAddress: base + 4096, Length: 4096}}}})
+	waitCalls(t, srv, "BatchPutRanges", 2)
+	start := time.Now()
+	err = w.Close()
+	if el := time.Since(start); el > 2*time.Second {
+		t.Fatalf("Close took %v", el)
+	}
+	if !errors.Is(err, umbp.ErrBuffersAbandoned) || !strings.Contains(err.Error(), "kv") {
+		t.Fatalf("Close = %v, want ErrBuffersAbandoned naming kv", err)
+	}
+	if err := buf.Close(); !errors.Is(err, umbp.ErrBuffersAbandoned) {
+		t.Fatalf("closing an abandoned buffer = %v", err)
+	}
+	if job.Status() != umbp.JobRunning {
+		t.Fatalf("stalled job %s", job.Status())
+	}
+	if s := queued.Status(); s != umbp.JobCancelled && s != umbp.JobFailed && s != umbp.JobRunning {
+		t.Fatalf("queued job %s", s)
+	}
+	if n := srv.Calls("DeregisterMemory"); n != 0 {
+		t.Fatalf("abandoning Close deregistered (%d calls)", n)
+	}
+}
+
+func TestKilledServerEndsJobs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the server binary")
+	}
+	ep := filepath.Join(shortDir(t), "k.grpc.sock")
+	p := startServerProcess(t, ep)
+	cfg := testConfig(t, ep)
+	cfg.Timeout = 5 * time.Second
+	rt := newRuntime(t, cfg)
+	a := newEngine(t, rt, 8, 64, 4096)
+	var jobs []*umbp.TransferJob
+	for i := range 16 {
+		jobs = append(jobs, a.w.Store(a.plans(t, fmt.Sprintf("kill%d", i), ids(64)...)))
+	}
+	p.kill()
+	for i := range 4 {
+		jobs = append(jobs, a.w.Load(a.plans(t, fmt.Sprintf("kill%d", i), ids(64)...)))
+	}
+	for _, j := range jobs {
+		select {
+		case <-j.Done():
+		case <-time.After(cfg.Timeout + margin):
+			t.Fatalf("job %s still %s after the server died", j.Keys()[0], j.Status())
+		}
+	}
+}
