@@ -68,6 +68,7 @@ func run(endpoint string, blocks, layers, blockBytes int, lookupTO, timeout time
 		srv, err := server.New(server.Options{
 			Endpoint:         filepath.Join(dir, "node0.grpc.sock"),
 			Capacity:         uint64(2*blocks*layers*blockBytes) + 64<<20,
+			Prefault:         true,
 			Logger:           log,
 			UnaryInterceptor: gate.intercept,
 			FDGate:           gate.wait,
@@ -118,6 +119,7 @@ func run(endpoint string, blocks, layers, blockBytes int, lookupTO, timeout time
 	for i := range a.buf.Bytes() {
 		a.buf.Bytes()[i] = byte(rng.Uint32())
 	}
+	clear(b.buf.Bytes()) // an engine's KV memory is in use, its pages present
 	keys := make([]string, blocks)
 	for i := range keys {
 		var id [8]byte

@@ -45,6 +45,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	endpoint := fs.String("endpoint", defaultEndpoint(), "gRPC socket: an absolute path or unix:///abs/path (the fd socket is derived)")
 	capacity := fs.String("capacity", "1GiB", "DRAM pool size in bytes; suffixes K, M, G, T (and KiB, MiB, GiB, TiB) are powers of 1024, KB, MB, GB, TB powers of 1000")
 	version := fs.Int("version", 2, "protocol version: 1 (host memory, contiguous batches) or 2 (adds ranged I/O and GPU IPC)")
+	prefault := fs.Bool("prefault", true, "map the whole pool at start-up (commits -capacity bytes at once)")
 	noRanged := fs.Bool("no-ranged-io", false, "behave as a v2 server with its SSD tier on: no ranged I/O advertised, GPU IPC refused")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -81,6 +82,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		Capacity:        size,
 		Version:         *version,
 		DisableRangedIO: *noRanged,
+		Prefault:        *prefault,
 		Logger:          log,
 	})
 	if err != nil {

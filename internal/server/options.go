@@ -54,6 +54,10 @@ type Options struct {
 	Endpoint string
 	// Capacity is the DRAM pool size in bytes; 0 means DefaultCapacity.
 	Capacity uint64
+	// Prefault maps the whole pool at start-up, so that no store pays for
+	// the kernel's first touch of a page. It commits Capacity bytes of
+	// memory at once; tests leave it off.
+	Prefault bool
 	// Version is the protocol generation: 2 (the default when 0) serves
 	// ranged I/O and GPU regions; 1 answers the v2-only methods with
 	// codes.Unimplemented, ignores RegisterMemory's GPU fields and leaves

@@ -5,7 +5,7 @@ import "testing"
 // TestPoolReaderKeepsEvictedBytes: an object evicted (or cleared) while a
 // reader holds it keeps its extent until the reader releases it.
 func TestPoolReaderKeepsEvictedBytes(t *testing.T) {
-	p, err := newPool(8192)
+	p, err := newPool(8192, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func TestPoolReaderKeepsEvictedBytes(t *testing.T) {
 }
 
 func TestPoolClearWhileHeld(t *testing.T) {
-	p, err := newPool(4096)
+	p, err := newPool(4096, true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -104,7 +104,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
-	if s.pool, err = newPool(opts.Capacity); err != nil {
+	if s.pool, err = newPool(opts.Capacity, opts.Prefault); err != nil {
 		s.cancel()
 		return nil, err
 	}
