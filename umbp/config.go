@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"time"
 
@@ -43,6 +44,12 @@ type Config struct {
 	// NodeID, NodeAddress and Tags identify the worker in RegisterMemory.
 	NodeID, NodeAddress string
 	Tags                []string
+	// TrustedUIDs are uids, besides this process's own and root's, trusted
+	// to run the server: its socket files may be owned by, and its process
+	// may run as, one of them. Before any memory is shared with a server,
+	// its sockets and its process are checked; the check cannot be turned
+	// off otherwise.
+	TrustedUIDs []int
 }
 
 // withDefaults validates c and returns it with defaults filled in and the
@@ -78,7 +85,13 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	for _, uid := range c.TrustedUIDs {
+		if uid < 0 || uid > math.MaxUint32-1 {
+			return c, fmt.Errorf("%w: Config.TrustedUIDs holds %d, not a uid", ErrInvalidConfig, uid)
+		}
+	}
 	c.Tags = append([]string(nil), c.Tags...)
+	c.TrustedUIDs = append([]int(nil), c.TrustedUIDs...)
 	return c, nil
 }
 

@@ -53,6 +53,7 @@ func TestConfigValidation(t *testing.T) {
 		"Timeout":        {Endpoint: "/x", Timeout: -time.Second},
 		"LookupTimeout":  {Endpoint: "/x", LookupTimeout: -1},
 		"StartupTimeout": {Endpoint: "/x", StartupTimeout: -1},
+		"TrustedUIDs":    {Endpoint: "/x", TrustedUIDs: []int{-1}},
 	} {
 		_, err := umbp.NewStandaloneRuntime(cfg)
 		if !errors.Is(err, umbp.ErrInvalidConfig) || !strings.Contains(err.Error(), "Config."+name) {

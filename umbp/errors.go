@@ -1,6 +1,10 @@
 package umbp
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/umbp-go/umbp-go/internal/conn"
+)
 
 var (
 	// ErrBuffersInUse means the server may still read or write the memory a
@@ -16,8 +20,12 @@ var (
 	// server lacks (a GPU runtime, a v2 server).
 	ErrNotSupported = errors.New("umbp: not supported")
 	// ErrUntrustedServer means the server's sockets or process failed the
-	// identity check made before any memory is shared with it.
-	ErrUntrustedServer = errors.New("umbp: untrusted server")
+	// identity check made before any memory is shared with it: a socket file
+	// that is not a socket, is writable by others or is owned by another
+	// user, or a server process running as another user. Only this
+	// process's user, root and the uids in Config.TrustedUIDs are trusted.
+	// The error says what was wrong.
+	ErrUntrustedServer = conn.ErrUntrustedServer
 	// ErrClosed is returned by calls on a closed handle.
 	ErrClosed = errors.New("umbp: handle is closed")
 )

@@ -2,6 +2,7 @@ package umbp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
@@ -31,6 +32,7 @@ func (r *StandaloneRuntime) Endpoint() string { return r.cfg.Endpoint }
 func (r *StandaloneRuntime) Config() Config {
 	c := r.cfg
 	c.Tags = append([]string(nil), c.Tags...)
+	c.TrustedUIDs = append([]int(nil), c.TrustedUIDs...)
 	return c
 }
 
@@ -46,7 +48,11 @@ func (r *StandaloneRuntime) dial(ctx context.Context) (*conn.Conn, error) {
 		NodeAddress:    r.cfg.NodeAddress,
 		Tags:           r.cfg.Tags,
 		Logger:         r.cfg.Logger,
+		TrustedUIDs:    r.cfg.TrustedUIDs,
 	})
+	if errors.Is(err, conn.ErrUntrustedServer) {
+		return nil, fmt.Errorf("refusing the UMBP standalone server at %s: %w", r.cfg.Endpoint, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("cannot attach to the UMBP standalone server at %s; start umbp_standalone_server on this host first: %w", r.cfg.Endpoint, err)
 	}

@@ -3,7 +3,13 @@
 // from it, and typed wrappers for every method of umbp.UMBPStandalone that
 // validate their input, split batches at the message limit and classify
 // failures (ErrUnavailable, ErrUnimplemented, ErrRefused, ErrBadReply,
-// ErrInvalidArgument, ErrClosed).
+// ErrInvalidArgument, ErrClosed, ErrUntrustedServer).
+//
+// Before any memory is shared, the server must prove to be run by this user,
+// root or a uid in Options.TrustedUIDs: its socket files' owner and mode, and
+// the credentials of the process serving each socket, are checked on every
+// gRPC connection and every fd handoff; a server that fails is an error
+// wrapping ErrUntrustedServer (see Options.TrustedUIDs).
 //
 // No wrapper adds a deadline of its own: a transfer RPC must run until the
 // server answers, since the server reads or writes the named memory until its
@@ -64,8 +70,14 @@ type Options struct {
 	Tags                []string
 	// Logger receives connection events; slog.Default() when nil.
 	Logger *slog.Logger
+	// TrustedUIDs are uids trusted to run the server besides this
+	// process's own (real) uid and root: a socket file owned by one of
+	// them, and a server process running as one of them, pass the trust
+	// check. Each must be a valid uid, 0 to 4294967294. The check cannot be
+	// turned off; listing uids here is the only way to widen it.
+	TrustedUIDs []int
 	// PeerCheck, when not nil, runs on the connected fd-handoff socket
-	// before a descriptor leaves the process.
+	// before a descriptor leaves the process, after the trust check passed.
 	PeerCheck fdpass.PeerCheck
 }
 
@@ -91,7 +103,14 @@ type Conn struct {
 	nodeAddr string
 	tags     []string
 	check    fdpass.PeerCheck
+	trust    *trust
 	log      *slog.Logger
+
+	// dialFail, while Dial waits for the server, ends that wait with the
+	// error of a connection refused by the trust check.
+	dialFail atomic.Pointer[context.CancelCauseFunc]
+	// lastRefusal is when a refused connection was last logged (unix ns).
+	lastRefusal atomic.Int64
 
 	cc  *grpc.ClientConn
 	raw umbppb.UMBPStandaloneClient
@@ -107,7 +126,10 @@ type Conn struct {
 // Dial connects to the server at opts.Endpoint and waits until its Ping
 // answers ready=true, for at most opts.StartupTimeout and while ctx lasts.
 // A server that is missing, not ready or not answering within that bound is
-// an error wrapping ErrUnavailable that names the address.
+// an error wrapping ErrUnavailable that names the address. A server that
+// fails the trust check (see Options.TrustedUIDs) is an error wrapping
+// ErrUntrustedServer that says what was wrong, returned as soon as the
+// check fails.
 func Dial(ctx context.Context, opts Options) (*Conn, error) {
 	grpcPath, fdPath, err := fdpass.SocketPaths(opts.Endpoint)
 	if err != nil {
@@ -120,6 +142,14 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 		if !utf8.ValidString(s) {
 			return nil, invalid("dial", "worker identity %q is not valid UTF-8", s)
 		}
+	}
+	tr, err := newTrust(opts.TrustedUIDs)
+	if err != nil {
+		return nil, invalid("dial", "%v", err)
+	}
+	// A socket already there is judged before anything connects to it.
+	if err := tr.checkFilesIfPresent(grpcPath, fdPath); err != nil {
+		return nil, fmt.Errorf("umbp: dial %s: %w", opts.Endpoint, err)
 	}
 	startup := opts.StartupTimeout
 	if startup == 0 {
@@ -137,19 +167,25 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 		nodeID:   opts.NodeID,
 		nodeAddr: opts.NodeAddress,
 		tags:     append([]string(nil), opts.Tags...),
-		check:    opts.PeerCheck,
+		trust:    tr,
 	}
 	c.log = log.With("endpoint", opts.Endpoint, "client_id", c.clientID)
-
-	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", grpcPath)
+	extra := opts.PeerCheck
+	c.check = func(uc *net.UnixConn) error {
+		if err := c.trust.checkConn(fdPath, uc); err != nil {
+			return err
+		}
+		if extra != nil {
+			return extra(uc)
+		}
+		return nil
 	}
-	// The target only names the channel; the dialer above connects to the
+
+	// The target only names the channel; the dialer connects to the
 	// socket, so paths need no URL escaping. The authority is "localhost",
 	// as for grpc-go's own unix scheme.
 	cc, err := grpc.NewClient("passthrough:///localhost",
-		grpc.WithContextDialer(dialer),
+		grpc.WithContextDialer(c.dialGRPC),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(
 			grpc.MaxCallRecvMsgSize(MaxMessageSize),
@@ -176,7 +212,20 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 	c.raw = umbppb.NewUMBPStandaloneClient(cc)
 	cc.Connect()
 
-	caps, err := c.waitReady(ctx, startup)
+	// A connection refused by the trust check ends the wait at once.
+	wctx, fail := context.WithCancelCause(ctx)
+	c.dialFail.Store(&fail)
+	caps, err := c.waitReady(wctx, startup)
+	c.dialFail.Store(nil)
+	cause := context.Cause(wctx)
+	fail(nil)
+	if err == nil && !errors.Is(cause, ErrUntrustedServer) {
+		cause = c.trust.checkFilesIfPresent(fdPath) // it may have appeared since
+	}
+	if errors.Is(cause, ErrUntrustedServer) {
+		_ = cc.Close()
+		return nil, fmt.Errorf("umbp: dial %s: %w", opts.Endpoint, cause)
+	}
 	if err != nil {
 		_ = cc.Close()
 		return nil, err
@@ -184,6 +233,45 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 	c.setCaps(caps)
 	c.log.Debug("umbp: connected", "ranged_io", caps.RangedIO, "mode", caps.Mode.String())
 	return c, nil
+}
+
+// dialGRPC is the transport's dialer: it connects to the gRPC socket and
+// hands the connection over only when the socket and the process serving it
+// pass the trust check. A refused connection is a failed connection to gRPC,
+// which retries it as it would an unreachable server.
+func (c *Conn) dialGRPC(ctx context.Context, _ string) (net.Conn, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", c.grpcPath)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.trust.checkConn(c.grpcPath, nc.(*net.UnixConn)); err != nil {
+		_ = nc.Close()
+		if errors.Is(err, ErrUntrustedServer) {
+			c.refused(err)
+		}
+		return nil, err
+	}
+	return nc, nil
+}
+
+// refusalLogEvery spaces the warnings about refused connections: gRPC
+// retries about once a second.
+const refusalLogEvery = 30 * time.Second
+
+// refused reports a connection refused by the trust check: to Dial while it
+// waits, which returns it; later, when gRPC sees no more than a failed
+// connection, to the log.
+func (c *Conn) refused(err error) {
+	if f := c.dialFail.Load(); f != nil {
+		(*f)(err)
+		return
+	}
+	now := time.Now().UnixNano()
+	last := c.lastRefusal.Load()
+	if (last == 0 || now-last >= int64(refusalLogEvery)) && c.lastRefusal.CompareAndSwap(last, now) {
+		c.log.Warn("umbp: refusing a connection to an untrusted server", "err", err)
+	}
 }
 
 // waitReady pings until the server answers ready=true, for at most startup

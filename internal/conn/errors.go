@@ -35,6 +35,13 @@ var (
 	ErrInvalidArgument = errors.New("invalid argument")
 	// ErrClosed means the Conn was closed.
 	ErrClosed = errors.New("umbp connection closed")
+	// ErrUntrustedServer means the server failed the trust check made
+	// before any memory is shared with it: a socket file not owned by a
+	// trusted uid, writable by others or not a socket, or a server process
+	// running as an untrusted uid (see Options.TrustedUIDs). The error
+	// says which. After Dial, a gRPC connection refused this way makes the
+	// server look unavailable (ErrUnavailable); the refusal is logged.
+	ErrUntrustedServer = errors.New("untrusted umbp server")
 )
 
 // RefusedError is the server's ok=false answer with its reason. It matches
@@ -110,6 +117,8 @@ func (c *Conn) handoffError(ctx context.Context, err error) error {
 	switch {
 	case c.closed.Load():
 		return fmt.Errorf("umbp: %s: %w: %w", op, ErrClosed, err)
+	case errors.Is(err, ErrUntrustedServer):
+		return fmt.Errorf("umbp: %s: %w", op, err)
 	case errors.Is(err, fdpass.ErrRejected):
 		return &RefusedError{Op: op, Err: err}
 	case errors.Is(err, fdpass.ErrInvalidMessage):

@@ -2,6 +2,7 @@ package conn
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 
@@ -19,7 +20,10 @@ const IPCHandleSize = 64
 // fd must be a regular file opened read-write holding at least size bytes:
 // the server maps size bytes without checking, so a larger claim could crash
 // it. Registering the same base again replaces the server's mapping. A
-// rejected handoff or a false answer is an error wrapping ErrRefused.
+// rejected handoff or a false answer is an error wrapping ErrRefused. The
+// descriptor leaves the process only when the fd-handoff socket and the
+// process serving it pass the trust check; otherwise nothing is sent and the
+// error wraps ErrUntrustedServer.
 func (c *Conn) RegisterHost(ctx context.Context, fd int, base uintptr, size uint64) error {
 	const op = "RegisterHost"
 	if err := c.usable(op); err != nil {
@@ -27,6 +31,11 @@ func (c *Conn) RegisterHost(ctx context.Context, fd int, base uintptr, size uint
 	}
 	if err := checkHostFD(op, fd, uint64(base), size); err != nil {
 		return err
+	}
+	// A socket file that fails the trust check is not even connected to;
+	// the check runs again, with the peer's, on the connected socket.
+	if err := c.trust.checkFile(c.fdPath); errors.Is(err, ErrUntrustedServer) {
+		return c.handoffError(ctx, err)
 	}
 	reg := fdpass.Registration{ClientID: c.clientID, WorkerBase: uint64(base), Size: size}
 	if err := fdpass.Send(ctx, c.fdPath, fd, reg, c.check); err != nil {
@@ -88,7 +97,8 @@ type GPURegion struct {
 // RegisterGPU registers GPU memory by IPC handle (v2; no fd handoff). The
 // server refuses, as an error wrapping ErrRefused with its reason, when it
 // cannot open the handle or its SSD tier is on; a v1 server refuses with
-// "fd handoff registration was not found".
+// "fd handoff registration was not found". The handle travels over a gRPC
+// connection, which the trust check vetted when it was made.
 func (c *Conn) RegisterGPU(ctx context.Context, r GPURegion) error {
 	const op = "RegisterGPU"
 	if err := c.usable(op); err != nil {

@@ -1,0 +1,463 @@
+package conn
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/umbp-go/umbp-go/internal/fdpass"
+	"github.com/umbp-go/umbp-go/internal/server"
+)
+
+// foreignUID is the uid the impostor servers run as (nobody).
+const foreignUID = 65534
+
+// serveEnv, when set in the environment, makes the test binary a server on
+// the endpoint it names instead of running tests: the impostor that
+// startForeign runs under another uid. It exits when its stdin closes, or
+// when killed.
+const serveEnv = "UMBP_CONN_TEST_SERVE"
+
+func init() {
+	if ep := os.Getenv(serveEnv); ep != "" {
+		os.Exit(serveForeign(ep))
+	}
+}
+
+func serveForeign(endpoint string) int {
+	_, err := server.New(server.Options{
+		Endpoint: endpoint,
+		Capacity: 1 << 20,
+		Logger:   slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "serve:", err)
+		return 1
+	}
+	fmt.Println("listening")
+	// Serve until the test process is gone.
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	return 0
+}
+
+// quietLog drops the warnings that refused connections log.
+var quietLog = slog.New(slog.DiscardHandler)
+
+func quiet(o *Options) { o.Logger = quietLog }
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Getuid() != 0 {
+		t.Skip("needs root: the test makes sockets owned by, and servers run as, another uid")
+	}
+}
+
+// worldDir returns a short temporary directory that any uid may write.
+func worldDir(t *testing.T) string {
+	t.Helper()
+	dir := shortDir(t)
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// foreign is a server process running as foreignUID.
+type foreign struct {
+	endpoint         string
+	grpcPath, fdPath string
+	pid              int
+}
+
+// startForeign runs this test binary as a server on dir/n.grpc.sock under
+// foreignUID (dir must be writable by it) and waits until it listens. Its
+// socket files are owned by foreignUID, mode 0600.
+func startForeign(t *testing.T, dir string) *foreign {
+	t.Helper()
+	requireRoot(t)
+	grpcPath := filepath.Join(dir, "n.grpc.sock")
+	_, fdPath, err := fdpass.SocketPaths(grpcPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := "unix://" + grpcPath
+	// /proc/self/exe, opened by the child, is this binary even where the
+	// directories on its path are closed to foreignUID.
+	cmd := exec.Command("/proc/self/exe", "-test.run=^$")
+	cmd.Env = append(os.Environ(), serveEnv+"="+endpoint)
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Credential: &syscall.Credential{Uid: foreignUID, Gid: foreignUID},
+	}
+	// Its stdin is a pipe that closes when this process exits: then it
+	// exits too.
+	if _, err := cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start a server as uid %d: %v", foreignUID, err)
+	}
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		// Killed: a graceful exit of a race-enabled binary pauses a second.
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}
+	t.Cleanup(stop)
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || line != "listening\n" {
+		stop()
+		t.Fatalf("server as uid %d did not start: %q %v; stderr: %s", foreignUID, line, err, stderr.String())
+	}
+	return &foreign{endpoint: endpoint, grpcPath: grpcPath, fdPath: fdPath, pid: cmd.Process.Pid}
+}
+
+// chownRoot makes the foreign server's socket files root's, so that only
+// the peer rule can tell.
+func (f *foreign) chownRoot(t *testing.T) {
+	t.Helper()
+	for _, p := range []string{f.grpcPath, f.fdPath} {
+		if err := os.Chown(p, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// wantUntrusted fails unless err wraps ErrUntrustedServer and says each of
+// parts.
+func wantUntrusted(t *testing.T, what string, err error, parts ...string) {
+	t.Helper()
+	if !errors.Is(err, ErrUntrustedServer) {
+		t.Fatalf("%s: %v, want ErrUntrustedServer", what, err)
+	}
+	for _, p := range parts {
+		if !strings.Contains(err.Error(), p) {
+			t.Fatalf("%s: %q does not say %q", what, err, p)
+		}
+	}
+}
+
+func mustTrust(t *testing.T, extra ...int) *trust {
+	t.Helper()
+	tr, err := newTrust(extra)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+// listenAt listens on a Unix socket at path, closed at cleanup.
+func listenAt(t *testing.T, path string) *net.UnixListener {
+	t.Helper()
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+func TestTrustFileRules(t *testing.T) {
+	dir := shortDir(t)
+	sock := filepath.Join(dir, "s.sock")
+	listenAt(t, sock)
+	tr := mustTrust(t)
+	self := strconv.Itoa(os.Getuid())
+
+	if err := os.Chmod(sock, 0o660); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.checkFile(sock); err != nil {
+		t.Fatalf("own socket, mode 0660: %v", err)
+	}
+	if err := os.Chmod(sock, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	wantUntrusted(t, "mode 0666", tr.checkFile(sock), sock, "writable by others (mode 0666)")
+	if err := os.Chmod(sock, 0o602); err != nil {
+		t.Fatal(err)
+	}
+	wantUntrusted(t, "mode 0602", tr.checkFile(sock), "writable by others (mode 0602)")
+	if err := os.Chmod(sock, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	wantUntrusted(t, "regular file", tr.checkFile(file), file, "is not a socket")
+
+	missing := filepath.Join(dir, "missing.sock")
+	if err := tr.checkFile(missing); !errors.Is(err, os.ErrNotExist) || errors.Is(err, ErrUntrustedServer) {
+		t.Fatalf("missing socket: %v, want ErrNotExist only", err)
+	}
+	if err := tr.checkFilesIfPresent(missing, sock); err != nil {
+		t.Fatalf("checkFilesIfPresent: %v", err)
+	}
+
+	// A symbolic link is judged by its owner and its target.
+	link := filepath.Join(dir, "link.sock")
+	if err := os.Symlink(sock, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.checkFile(link); err != nil {
+		t.Fatalf("link to a good socket: %v", err)
+	}
+	fileLink := filepath.Join(dir, "file.sock")
+	if err := os.Symlink(file, fileLink); err != nil {
+		t.Fatal(err)
+	}
+	wantUntrusted(t, "link to a file", tr.checkFile(fileLink), "is not a socket")
+
+	if os.Getuid() != 0 {
+		t.Log("not root: the owner rules are not tested")
+		return
+	}
+	foreign := strconv.Itoa(foreignUID)
+	if err := os.Chown(sock, foreignUID, foreignUID); err != nil {
+		t.Fatal(err)
+	}
+	wantUntrusted(t, "foreign owner", tr.checkFile(sock), sock, "owned by uid "+foreign, "this user (uid "+self+") or root")
+	wantUntrusted(t, "link to a foreign socket", tr.checkFile(link), "owned by uid "+foreign)
+	wantUntrusted(t, "checkFilesIfPresent", tr.checkFilesIfPresent(missing, sock), "owned by uid "+foreign)
+	allowed := mustTrust(t, foreignUID)
+	if err := allowed.checkFile(sock); err != nil {
+		t.Fatalf("socket owned by a trusted uid: %v", err)
+	}
+	if err := os.Chmod(sock, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	wantUntrusted(t, "trusted owner, mode 0666", allowed.checkFile(sock), "writable by others")
+	if err := os.Chmod(sock, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(sock, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Lchown(link, foreignUID, foreignUID); err != nil {
+		t.Fatal(err)
+	}
+	wantUntrusted(t, "foreign link", tr.checkFile(link), link, "symbolic link owned by uid "+foreign)
+	if err := allowed.checkFile(link); err != nil {
+		t.Fatalf("link owned by a trusted uid: %v", err)
+	}
+}
+
+func TestTrustedUIDsValidated(t *testing.T) {
+	for _, uids := range [][]int{{-1}, {1<<32 - 1}, {0, 1 << 40}} {
+		_, err := Dial(context.Background(), Options{Endpoint: "/tmp/x.grpc.sock", TrustedUIDs: uids})
+		if !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("TrustedUIDs %v: %v, want ErrInvalidArgument", uids, err)
+		}
+	}
+	tr := mustTrust(t, 0, os.Getuid(), 7, 7, 3)
+	if fmt.Sprint(tr.extra) != "[3 7]" {
+		t.Fatalf("extra uids %v", tr.extra)
+	}
+	if !strings.Contains(tr.who(), "a trusted uid (3, 7)") {
+		t.Fatalf("who: %s", tr.who())
+	}
+}
+
+func TestTrustPeerRule(t *testing.T) {
+	// A server of this process passes.
+	own := filepath.Join(shortDir(t), "s.sock")
+	l := listenAt(t, own)
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			_ = c.Close()
+		}
+	}()
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: own, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := mustTrust(t).checkPeer(own, c); err != nil {
+		t.Fatalf("own server: %v", err)
+	}
+
+	f := startForeign(t, worldDir(t))
+	fc, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: f.grpcPath, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fc.Close()
+	wantUntrusted(t, "foreign server", mustTrust(t).checkPeer(f.grpcPath, fc),
+		fmt.Sprintf("peer process pid %d on socket %s runs as uid %d", f.pid, f.grpcPath, foreignUID))
+	if err := mustTrust(t, foreignUID).checkPeer(f.grpcPath, fc); err != nil {
+		t.Fatalf("foreign server, trusted uid: %v", err)
+	}
+}
+
+func TestDialRefusesWritableSocket(t *testing.T) {
+	for _, which := range []string{"grpc", "fd"} {
+		t.Run(which, func(t *testing.T) {
+			f := startFake(t)
+			grpcPath, fdPath, _ := fdpass.SocketPaths(f.endpoint)
+			path := map[string]string{"grpc": grpcPath, "fd": fdPath}[which]
+			if err := os.Chmod(path, 0o666); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			c, err := Dial(context.Background(), Options{Endpoint: f.endpoint, StartupTimeout: 10 * time.Second, Logger: quietLog})
+			if err == nil {
+				_ = c.Close()
+			}
+			wantUntrusted(t, "Dial", err, f.endpoint, path, "writable by others (mode 0666)")
+			if errors.Is(err, ErrUnavailable) {
+				t.Fatalf("%v also wraps ErrUnavailable", err)
+			}
+			if d := time.Since(start); d > 2*time.Second {
+				t.Fatalf("Dial took %v", d)
+			}
+			if calls := f.take(); len(calls) != 0 {
+				t.Fatalf("the server saw %v", calls)
+			}
+		})
+	}
+}
+
+// TestDialRefusesBadSocketAppearingLate: a socket that appears while Dial
+// waits for the server is judged by the transport's dialer, and Dial returns
+// its verdict at once.
+func TestDialRefusesBadSocketAppearingLate(t *testing.T) {
+	f := startFake(t)
+	grpcPath, _, _ := fdpass.SocketPaths(f.endpoint)
+	if err := os.Chmod(grpcPath, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	late := filepath.Join(shortDir(t), "n.grpc.sock")
+	done := make(chan error, 1)
+	go func() {
+		c, err := Dial(context.Background(), Options{Endpoint: late, StartupTimeout: 10 * time.Second, Logger: quietLog})
+		if err == nil {
+			_ = c.Close()
+		}
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	// The socket, already mode 0666, appears at the path Dial waits on.
+	if err := os.Rename(grpcPath, late); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		wantUntrusted(t, "Dial", err, late, "writable by others (mode 0666)")
+	case <-time.After(5 * time.Second):
+		t.Fatal("Dial did not return within 5s")
+	}
+	if calls := f.take(); len(calls) != 0 {
+		t.Fatalf("the server saw %v", calls)
+	}
+}
+
+func TestDialRefusesForeignServer(t *testing.T) {
+	requireRoot(t)
+	f := startForeign(t, worldDir(t))
+	dial := func() error {
+		c, err := Dial(context.Background(), Options{Endpoint: f.endpoint, StartupTimeout: 10 * time.Second, Logger: quietLog})
+		if err == nil {
+			_ = c.Close()
+		}
+		return err
+	}
+	// Its sockets are its own.
+	wantUntrusted(t, "Dial, foreign sockets", dial(), fmt.Sprintf("socket %s is owned by uid %d, not this user", f.grpcPath, foreignUID))
+
+	// Sockets owned by root, served by foreignUID: the transport's dialer
+	// refuses the connection, and Dial says so at once.
+	f.chownRoot(t)
+	start := time.Now()
+	wantUntrusted(t, "Dial, foreign peer", dial(), f.endpoint, fmt.Sprintf("peer process pid %d on socket %s runs as uid %d", f.pid, f.grpcPath, foreignUID))
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("Dial took %v", d)
+	}
+}
+
+func TestDialTrustedUID(t *testing.T) {
+	requireRoot(t)
+	f := startForeign(t, worldDir(t))
+	c := dial(t, f.endpoint, quiet, func(o *Options) { o.TrustedUIDs = []int{foreignUID} })
+	fd, mem := memfd(t, 4096)
+	ctx := context.Background()
+	if err := c.RegisterHost(ctx, fd, addr(mem), 4096); err != nil {
+		t.Fatalf("RegisterHost to a trusted uid's server: %v", err)
+	}
+	if err := c.Deregister(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRegisterHostRefusesUntrustedFDSocket: the descriptor stays home when
+// the fd-handoff socket turns bad after Dial.
+func TestRegisterHostRefusesUntrustedFDSocket(t *testing.T) {
+	f := startFake(t)
+	c := dial(t, f.endpoint, quiet)
+	if err := os.Chmod(c.FDSocketPath(), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	fd, mem := memfd(t, 4096)
+	err := c.RegisterHost(context.Background(), fd, addr(mem), 4096)
+	wantUntrusted(t, "RegisterHost", err, "fd handoff", c.FDSocketPath(), "writable by others")
+	if regs := f.registrations(); len(regs) != 0 {
+		t.Fatalf("the server received %v", regs)
+	}
+}
+
+// TestServerSwappedAfterDial: a server of another uid that takes over the
+// sockets after Dial gets no connection and no descriptor.
+func TestServerSwappedAfterDial(t *testing.T) {
+	requireRoot(t)
+	f := &fake{dir: worldDir(t)}
+	f.serve(t)
+	c := dial(t, f.endpoint, quiet)
+	f.stop()
+	imp := startForeign(t, f.dir)
+	imp.chownRoot(t)
+
+	ctx := context.Background()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := c.Ping(ctx)
+		if err == nil {
+			t.Fatal("Ping reached the impostor")
+		}
+		if !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("Ping: %v, want ErrUnavailable", err)
+		}
+		if strings.Contains(err.Error(), ErrUntrustedServer.Error()) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Ping never said the server is untrusted: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	fd, mem := memfd(t, 4096)
+	err := c.RegisterHost(ctx, fd, addr(mem), 4096)
+	wantUntrusted(t, "RegisterHost", err, fmt.Sprintf("peer process pid %d on socket %s runs as uid %d", imp.pid, imp.fdPath, foreignUID))
+}
