@@ -54,3 +54,17 @@ proto-check: proto
 
 clean:
 	$(GO) clean -testcache
+
+# The GPU check, for a host with a GPU and neither Go nor network: test
+# binaries, the server and run.sh (scripts/gpu-check.sh) in dist/gpu-check/.
+# Copy that directory to the GPU host and run ./run.sh there.
+GPU_CHECK := dist/gpu-check
+.PHONY: gpu-check
+gpu-check:
+	rm -rf $(GPU_CHECK) && mkdir -p $(GPU_CHECK)
+	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -c -ldflags='-s -w' -o $(GPU_CHECK)/hip.test ./internal/hip
+	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -c -ldflags='-s -w' -o $(GPU_CHECK)/server.test ./internal/server
+	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -c -ldflags='-s -w' -o $(GPU_CHECK)/umbp.test ./umbp
+	CGO_ENABLED=1 GOARCH=amd64 $(GO) build -ldflags='-s -w' -o $(GPU_CHECK)/standalone-server ./examples/standalone-server
+	install -m 0755 scripts/gpu-check.sh $(GPU_CHECK)/run.sh
+	(git describe --always --dirty 2>/dev/null || echo unknown) >$(GPU_CHECK)/BUILD

@@ -2,11 +2,195 @@ package umbp
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
+
+	"github.com/umbp-go/umbp-go/internal/conn"
+	"github.com/umbp-go/umbp-go/internal/hip"
 )
 
-// registerGPU registers GPU memory by IPC handle.
-func (w *WorkerHandle) registerGPU(ctx context.Context, name string, b Buffer) error {
-	_ = ctx
-	return fmt.Errorf("GPU buffer %q at %#x: %w: this build registers host memory only", name, b.Ptr, ErrNotSupported)
+// GPU memory is shared with the server by IPC handle (PROTOCOL.md,
+// "Registering GPU memory"). A handle names a whole allocation and opens to
+// its base, so the handle registers the whole allocation that holds a
+// buffer, once, as one region (worker_base = allocation base, ipc_offset 0):
+// every buffer inside it, and every range of a plan, resolves into that
+// region. Device memory stays the engine's: the handle never frees it.
+
+// gpuLoader loads the GPU runtime: hip.Load, or what a test put there.
+var gpuLoader = struct {
+	mu   sync.Mutex
+	load func() (*hip.Runtime, error)
+}{load: hip.Load}
+
+// loadGPU returns the process's GPU runtime, or an error wrapping
+// ErrNotSupported that says why none loaded.
+func loadGPU() (*hip.Runtime, error) {
+	gpuLoader.mu.Lock()
+	load := gpuLoader.load
+	gpuLoader.mu.Unlock()
+	rt, err := load()
+	if err != nil {
+		return nil, fmt.Errorf("%w: no GPU runtime: %w", ErrNotSupported, err)
+	}
+	return rt, nil
+}
+
+// gpuAlloc is a device allocation registered with the server: what its
+// registration sent, kept so that the region can be registered again (with
+// a restarted server).
+type gpuAlloc struct {
+	device    int
+	allocBase uintptr
+	allocSize uint64
+	handle    hip.IpcMemHandle // exported from allocBase
+}
+
+// register registers size bytes at base, inside the allocation, with the
+// server c is attached to.
+func (g *gpuAlloc) register(ctx context.Context, c *conn.Conn, base uintptr, size uint64) error {
+	if base < g.allocBase || size > g.allocSize || uint64(base-g.allocBase) > g.allocSize-size {
+		return fmt.Errorf("GPU region %#x+%d lies outside its allocation %#x+%d", base, size, g.allocBase, g.allocSize)
+	}
+	return c.RegisterGPU(ctx, conn.GPURegion{
+		Device:    g.device,
+		Base:      base,
+		Size:      size,
+		Handle:    [conn.IPCHandleSize]byte(g.handle),
+		IPCOffset: uint64(base - g.allocBase),
+		AllocBase: g.allocBase,
+	})
+}
+
+// registerGPU registers the device allocation that holds b (LocationGPU, or
+// LocationAuto memory outside every HostBuffer) with the server behind c, or
+// adds name to the region of that allocation when this handle registered it
+// already.
+func (w *WorkerHandle) registerGPU(ctx context.Context, c *conn.Conn, name string, b Buffer) error {
+	rt, err := loadGPU()
+	if err != nil {
+		if b.Location == LocationAuto {
+			return fmt.Errorf("memory at %#x (%d bytes) lies in no HostBuffer (host memory must come from NewHostBuffer), and without a GPU runtime it cannot be GPU memory: %w", b.Ptr, b.Size, err)
+		}
+		return fmt.Errorf("GPU buffer at %#x (%d bytes): %w", b.Ptr, b.Size, err)
+	}
+	mt, dev, err := rt.PointerInfo(b.Ptr)
+	if err != nil {
+		return fmt.Errorf("pointer attributes of %#x: %w", b.Ptr, err)
+	}
+	switch mt {
+	case hip.MemoryDevice:
+	case hip.MemoryManaged:
+		return fmt.Errorf("%w: memory at %#x is managed (unified) memory, which has no IPC handle: use device memory", ErrNotSupported, b.Ptr)
+	default:
+		what := "host memory"
+		if mt == hip.MemoryHost {
+			what = "pinned host memory"
+		}
+		return fmt.Errorf("%w: memory at %#x is %s, not GPU memory: the server can map host memory only from a memfd, so host memory must come from NewHostBuffer", ErrNotSupported, b.Ptr, what)
+	}
+	if b.Location == LocationGPU && b.Device != dev {
+		return fmt.Errorf("buffer names device %d but the memory at %#x is on device %d", b.Device, b.Ptr, dev)
+	}
+	allocBase, allocSize, err := rt.AddressRange(dev, b.Ptr)
+	if err != nil {
+		return fmt.Errorf("allocation that holds %#x on device %d: %w", b.Ptr, dev, err)
+	}
+	if b.Ptr < allocBase || b.Size > allocSize || uint64(b.Ptr-allocBase) > allocSize-b.Size {
+		return fmt.Errorf("GPU buffer %#x+%d does not lie inside its allocation %#x+%d on device %d", b.Ptr, b.Size, allocBase, allocSize, dev)
+	}
+	handle, err := rt.IpcGetMemHandle(dev, allocBase)
+	if err != nil {
+		return fmt.Errorf("IPC handle of the allocation %#x on device %d: %w", allocBase, dev, err)
+	}
+	g := &gpuAlloc{device: dev, allocBase: allocBase, allocSize: allocSize, handle: handle}
+	if w.addGPUName(name, g, false) {
+		return nil
+	}
+	// A new allocation, or one that replaced a registered allocation at the
+	// same address (another handle, or size): the server then retires the
+	// old one's regions and opens the new handle.
+	if err := g.register(ctx, c, allocBase, allocSize); err != nil {
+		if errors.Is(err, conn.ErrRefused) && !c.Capabilities().RangedIO {
+			err = fmt.Errorf("%w: this server does not serve ranged I/O (a v1 server, or one with its SSD tier on) and takes no GPU memory: %w", ErrNotSupported, err)
+		}
+		return fmt.Errorf("register the allocation %#x (%d bytes) on device %d: %w", allocBase, allocSize, dev, err)
+	}
+	if w.addGPUName(name, g, true) {
+		return nil
+	}
+	w.addRegion(&memRegion{names: []string{name}, base: allocBase, size: allocSize, loc: LocationGPU, gpu: g})
+	return nil
+}
+
+// addGPUName adds name to the region of the allocation g describes if this
+// handle registered it, and reports whether it did. With replace, a region
+// at the same device and address takes g (the server has replaced it);
+// without, only a region of that very allocation (same handle and size)
+// counts.
+func (w *WorkerHandle) addGPUName(name string, g *gpuAlloc, replace bool) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, r := range w.regions {
+		if r.gpu == nil || r.gpu.device != g.device || r.gpu.allocBase != g.allocBase {
+			continue
+		}
+		if replace {
+			r.gpu, r.size = g, g.allocSize
+		} else if r.gpu.handle != g.handle || r.gpu.allocSize != g.allocSize {
+			return false
+		}
+		r.names = append(r.names, name)
+		return true
+	}
+	return false
+}
+
+// streamDep is an AfterStream dependency.
+type streamDep struct {
+	device int
+	stream uintptr
+}
+
+// AfterStream makes a store wait, before it reads the source memory, for the
+// work queued so far on the engine's GPU stream (a HIP or CUDA stream
+// handle on device; 0 is the default stream): an event is recorded on the
+// stream when the store is submitted, and the transfer waits for it. Without
+// a GPU runtime the store fails as not attempted.
+func AfterStream(device int, stream uintptr) TransferOption {
+	return func(o *transferOptions) { o.stream = &streamDep{device: device, stream: stream} }
+}
+
+// streamBarrier records the AfterStream event, if any, and returns what the
+// transfer calls before it reads: wait for the event, then destroy it. A
+// job that never runs (cancelled while queued) leaves its event behind.
+func (w *WorkerHandle) streamBarrier(o transferOptions) (func() error, error) {
+	if o.stream == nil {
+		return nil, nil
+	}
+	d := *o.stream
+	rt, err := loadGPU()
+	if err != nil {
+		return nil, fmt.Errorf("AfterStream: %w", err)
+	}
+	ev, err := rt.EventCreate(d.device)
+	if err != nil {
+		return nil, fmt.Errorf("AfterStream: create an event on device %d: %w", d.device, err)
+	}
+	if err := rt.EventRecord(d.device, ev, hip.Stream(d.stream)); err != nil {
+		if derr := rt.EventDestroy(d.device, ev); derr != nil {
+			w.log.Warn("UMBP standalone: destroy a GPU event", "device", d.device, "err", derr)
+		}
+		return nil, fmt.Errorf("AfterStream: record an event on stream %#x of device %d: %w", d.stream, d.device, err)
+	}
+	return func() error {
+		err := rt.EventSynchronize(d.device, ev)
+		if derr := rt.EventDestroy(d.device, ev); derr != nil {
+			w.log.Warn("UMBP standalone: destroy a GPU event", "device", d.device, "err", derr)
+		}
+		if err != nil {
+			return fmt.Errorf("wait for stream %#x of device %d: %w", d.stream, d.device, err)
+		}
+		return nil
+	}, nil
 }

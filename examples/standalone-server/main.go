@@ -48,6 +48,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	prefault := fs.Bool("prefault", true, "map the whole pool at start-up (commits -capacity bytes at once)")
 	noRanged := fs.Bool("no-ranged-io", false, "behave as a v2 server with its SSD tier on: no ranged I/O advertised, GPU IPC refused")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	gpuMode := fs.String("gpu", "auto", "GPU IPC regions (v2): auto uses the GPU runtime (HIP, else CUDA) when one loads with a device, on requires it, off refuses GPU registration; with a GPU the pool is pinned, which commits all of it")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -73,6 +74,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		log.Error("invalid -version: want 1 or 2", "version", *version)
 		return 2
 	}
+	gpu, code := gpuBackend(*gpuMode, log)
+	if code != 0 {
+		return code
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -84,7 +89,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		DisableRangedIO: *noRanged,
 		Prefault:        *prefault,
 		Logger:          log,
+		GPU:             gpu,
 	})
+	if c, ok := gpu.(io.Closer); ok {
+		defer c.Close()
+	}
 	if err != nil {
 		log.Error("cannot start", "err", err)
 		return 1
@@ -98,6 +107,30 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// gpuBackend returns the GPU backend that -gpu asks for (nil for none), or
+// a non-zero exit status.
+func gpuBackend(mode string, log *slog.Logger) (server.GPUBackend, int) {
+	switch mode {
+	case "off":
+		return nil, 0
+	case "auto", "on":
+	default:
+		log.Error("invalid -gpu: want auto, on or off", "gpu", mode)
+		return nil, 2
+	}
+	gpu, err := server.NewHIPBackend()
+	switch {
+	case err == nil:
+		log.Info("GPU IPC regions served", "runtime", fmt.Sprint(gpu))
+		return gpu, 0
+	case mode == "on":
+		log.Error("-gpu on: no usable GPU runtime", "err", err)
+		return nil, 1
+	}
+	log.Info("no GPU runtime: GPU IPC registration is refused", "reason", err)
+	return nil, 0
 }
 
 // parseSize reads a byte count: a decimal integer with an optional unit.

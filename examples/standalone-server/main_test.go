@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/umbp-go/umbp-go/internal/hip"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
@@ -151,6 +152,7 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{"-version", "3"},
 		{"-endpoint", "relative.sock"},
 		{"-log-level", "loud"},
+		{"-gpu", "maybe"},
 		{"extra"},
 	} {
 		var out, errOut bytes.Buffer
@@ -160,6 +162,23 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		if out.Len() != 0 {
 			t.Errorf("run(%q) printed %q", args, out.String())
 		}
+	}
+}
+
+func TestRunGPUOnWithoutRuntime(t *testing.T) {
+	if hip.Available() {
+		t.Skip("this host has a GPU runtime")
+	}
+	var out, errOut bytes.Buffer
+	endpoint := filepath.Join(t.TempDir(), "g.sock")
+	if code := run([]string{"-gpu", "on", "-endpoint", endpoint}, &out, &errOut); code != 1 {
+		t.Fatalf("-gpu on without a GPU runtime: exit %d, want 1\n%s", code, errOut.String())
+	}
+	if !strings.Contains(errOut.String(), "no usable GPU runtime") || out.Len() != 0 {
+		t.Errorf("-gpu on without a GPU runtime: stdout %q, stderr %q", out.String(), errOut.String())
+	}
+	if _, err := os.Stat(endpoint); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the socket was created: %v", err)
 	}
 }
 

@@ -4,13 +4,13 @@ package hip
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/umbp-go/umbp-go/internal/hip/hiptest"
 )
 
 // buildFake compiles testdata/fakegpu.c into a shared library with the given
@@ -20,20 +20,7 @@ func buildFake(t *testing.T, name string, defines ...string) string {
 	if !cgoEnabled {
 		t.Skip("built without cgo: no runtime can be loaded")
 	}
-	cc := strings.Fields(os.Getenv("CC"))
-	if len(cc) == 0 {
-		cc = []string{"gcc"}
-	}
-	if _, err := exec.LookPath(cc[0]); err != nil {
-		t.Skipf("no C compiler to build the fake runtime: %v", err)
-	}
-	out := filepath.Join(t.TempDir(), name)
-	args := append(cc[1:], "-shared", "-fPIC", "-O1", "-pthread", "-Wall", "-Werror", "-o", out, "testdata/fakegpu.c")
-	args = append(args, defines...)
-	if b, err := exec.Command(cc[0], args...).CombinedOutput(); err != nil {
-		t.Fatalf("building the fake runtime: %v\n%s", err, b)
-	}
-	return out
+	return hiptest.BuildFake(t, name, defines...)
 }
 
 func mustOpen(t *testing.T, opts Options) *Runtime {
@@ -111,8 +98,7 @@ func exerciseFakeIPC(t *testing.T, rt *Runtime) {
 	if !errors.As(err, &e) || e.Code != 201 || e.Msg != "invalid device context" {
 		t.Fatalf("opening our own handle: %v, want error 201 (invalid device context)", err)
 	}
-	foreign := h
-	binary.NativeEndian.PutUint32(foreign[8:], binary.NativeEndian.Uint32(h[8:])+1)
+	foreign := IpcMemHandle(hiptest.Foreign(h[:]))
 	q, err := rt.IpcOpenMemHandle(dev, foreign)
 	if err != nil {
 		t.Fatalf("IpcOpenMemHandle(foreign): %v", err)

@@ -15,12 +15,26 @@
  *
  * Build with one of -DFAKE_HIP5, -DFAKE_HIP6, -DFAKE_CUDA; -DFAKE_DEVICES=n
  * (default 2); -DFAKE_OMIT_IPC_OPEN leaves out the IPC open symbol.
+ *
+ * -DFAKE_SHARED makes IPC work between processes, as on a real GPU: device
+ * memory is a memfd mapped MAP_SHARED, its handle names the process and the
+ * descriptor, and another process opens it by mapping /proc/PID/fd/FD (at an
+ * address of its own). Without it, an opened handle maps to the same address
+ * in the same process.
  */
+#if defined(FAKE_SHARED)
+#define _GNU_SOURCE /* memfd_create */
+#endif
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#if defined(FAKE_SHARED)
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#endif
 
 #ifndef FAKE_DEVICES
 #define FAKE_DEVICES 2
@@ -72,6 +86,7 @@ typedef struct {
 	size_t size;
 	int dev;
 	void *mem; /* K_DEVICE: what to free */
+	int fd;    /* FAKE_SHARED, K_DEVICE: the memfd */
 } region;
 
 #define MAX_REGIONS 256
@@ -105,6 +120,7 @@ static region *add(int kind, uintptr_t base, size_t size, int dev, void *mem) {
 			r->size = size;
 			r->dev = dev;
 			r->mem = mem;
+			r->fd = -1;
 			return r;
 		}
 	}
@@ -147,14 +163,44 @@ EXPORT int API(GetDevice)(int *d) {
 	return 0;
 }
 
+#if defined(FAKE_SHARED)
+static void *fake_alloc(size_t n, int *fd) {
+	*fd = memfd_create("fakegpu", MFD_CLOEXEC);
+	if (*fd < 0) return NULL;
+	void *m = MAP_FAILED;
+	if (ftruncate(*fd, (off_t)(n ? n : 1)) == 0)
+		m = mmap(NULL, n ? n : 1, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+	if (m == MAP_FAILED) {
+		close(*fd);
+		return NULL;
+	}
+	return m;
+}
+
+static void fake_release(region *r) {
+	munmap(r->mem, r->size ? r->size : 1);
+	close(r->fd);
+}
+#else
+static void *fake_alloc(size_t n, int *fd) {
+	*fd = -1;
+	return calloc(1, n ? n : 1);
+}
+
+static void fake_release(region *r) { free(r->mem); }
+#endif
+
 EXPORT int API(Malloc)(void **p, size_t n) {
-	void *m = calloc(1, n ? n : 1);
+	int fd;
+	void *m = fake_alloc(n, &fd);
 	if (m == NULL) return 2;
 	pthread_mutex_lock(&mu);
 	region *r = add(K_DEVICE, (uintptr_t)m, n, cur_dev, m);
+	if (r != NULL) r->fd = fd;
 	pthread_mutex_unlock(&mu);
 	if (r == NULL) {
-		free(m);
+		region tmp = {.mem = m, .size = n, .fd = fd};
+		fake_release(&tmp);
 		return 2;
 	}
 	*p = m;
@@ -173,7 +219,7 @@ EXPORT int API(Free)(void *p) {
 		if (r->dev != cur_dev) {
 			rc = E_INVALID_DEVICE;
 		} else {
-			free(r->mem);
+			fake_release(r);
 			r->kind = K_FREE;
 			rc = 0;
 		}
@@ -361,6 +407,9 @@ EXPORT int API(IpcGetMemHandle)(ipc_handle *h, void *p) {
 		} else {
 			int pid = getpid();
 			uint64_t base = r->base, size = r->size;
+#if defined(FAKE_SHARED)
+			base = (uint64_t)r->fd; /* what another process opens */
+#endif
 			memcpy(h->reserved, HANDLE_MAGIC, 8);
 			memcpy(h->reserved + 8, &pid, 4);
 			memcpy(h->reserved + 12, &r->dev, 4);
@@ -387,9 +436,21 @@ EXPORT int API(IpcOpenMemHandle)(void **p, ipc_handle h, unsigned int flags) {
 	memcpy(&base, h.reserved + 16, 8);
 	memcpy(&size, h.reserved + 24, 8);
 	if (pid == getpid()) return E_INVALID_CONTEXT;
+	(void)dev;
+#if defined(FAKE_SHARED)
+	/* Map the exporting process's memfd, at an address of our own. */
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, (int)base);
+	int fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0) return E_INVALID_HANDLE;
+	void *m = mmap(NULL, size ? size : 1, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (m == MAP_FAILED) return E_INVALID_HANDLE;
+	base = (uint64_t)(uintptr_t)m;
+#endif
 	/* A "foreign" handle: map the same memory again, as another process would. */
 	pthread_mutex_lock(&mu);
-	region *r = add(K_IPC, (uintptr_t)base, (size_t)size, cur_dev, NULL);
+	region *r = add(K_IPC, (uintptr_t)base, (size_t)size, cur_dev, (void *)(uintptr_t)base);
 	pthread_mutex_unlock(&mu);
 	if (r == NULL) return 2;
 	*p = (void *)(uintptr_t)base;
@@ -405,6 +466,9 @@ EXPORT int API(IpcCloseMemHandle)(void *p) {
 		if (r->dev != cur_dev) {
 			rc = E_INVALID_DEVICE;
 		} else {
+#if defined(FAKE_SHARED)
+			munmap(r->mem, r->size ? r->size : 1);
+#endif
 			r->kind = K_FREE;
 			rc = 0;
 		}

@@ -1,0 +1,222 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/umbp-go/umbp-go/internal/hip"
+)
+
+// ErrNotSupported is wrapped (together with hip.ErrNotSupported) by
+// NewHIPBackend's error when no GPU runtime with a device can be loaded.
+var ErrNotSupported = errors.New("server: GPU backend not supported")
+
+// HIPBackend is the GPUBackend of a real GPU: HIP, or the CUDA runtime on
+// NVIDIA hosts, through internal/hip.
+//
+//   - IPC handles are opened with IpcMemLazyEnablePeerAccess and shared: the
+//     runtimes refuse to open one handle twice in a process (CUDA answers
+//     "resource already mapped"), and the region table opens one per client,
+//     so two clients registering the same allocation get the same mapping,
+//     reference-counted, closed with the last.
+//   - Copies run on non-blocking streams created lazily per device and kept
+//     for reuse, one per copy in flight: MemcpyAsync, then StreamSynchronize
+//     of that stream alone, so concurrent requests do not wait on each
+//     other's copies.
+//   - Pin registers the pool's arena with HostRegisterPortable, so it counts
+//     as pinned memory for every device: on the H200 device-to-host copies run
+//     at about 52 GB/s from pinned memory against 9.5 GB/s from pageable.
+//
+// A HIPBackend is safe for concurrent use.
+type HIPBackend struct {
+	rt *hip.Runtime
+
+	ipcMu  sync.Mutex
+	byKey  map[ipcOpenKey]*ipcMapping
+	byAddr map[ipcAddrKey]*ipcMapping
+
+	streamMu sync.Mutex
+	free     map[int][]hip.Stream // idle streams per device
+}
+
+// ipcOpenKey names an opened handle: the device it was opened on and its
+// bytes.
+type ipcOpenKey struct {
+	device int
+	handle hip.IpcMemHandle
+}
+
+type ipcAddrKey struct {
+	device int
+	ptr    uintptr
+}
+
+// ipcMapping is one opened handle and the number of OpenIPC calls holding it.
+type ipcMapping struct {
+	key  ipcOpenKey
+	ptr  uintptr
+	refs int
+}
+
+// NewHIPBackend loads the process's GPU runtime (hip.Load: HIP, else CUDA)
+// and returns a backend on it. Without a usable runtime and device the error
+// wraps ErrNotSupported and hip.ErrNotSupported and says what was tried.
+func NewHIPBackend() (GPUBackend, error) {
+	rt, err := hip.Load()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNotSupported, err)
+	}
+	return NewHIPBackendFor(rt), nil
+}
+
+// NewHIPBackendFor returns a backend on an already loaded runtime.
+func NewHIPBackendFor(rt *hip.Runtime) *HIPBackend {
+	return &HIPBackend{
+		rt:     rt,
+		byKey:  make(map[ipcOpenKey]*ipcMapping),
+		byAddr: make(map[ipcAddrKey]*ipcMapping),
+		free:   make(map[int][]hip.Stream),
+	}
+}
+
+// Runtime returns the runtime the backend uses.
+func (b *HIPBackend) Runtime() *hip.Runtime { return b.rt }
+
+// String describes the backend for logs.
+func (b *HIPBackend) String() string { return b.rt.String() }
+
+// OpenIPC opens handle on device, or takes another reference on the mapping
+// of that handle already open there, and returns the allocation's base.
+func (b *HIPBackend) OpenIPC(device int, handle []byte) (uintptr, error) {
+	if len(handle) != hip.IpcHandleSize {
+		return 0, fmt.Errorf("server: IPC handle of %d bytes, want %d", len(handle), hip.IpcHandleSize)
+	}
+	key := ipcOpenKey{device: device, handle: hip.IpcMemHandle(handle)}
+	b.ipcMu.Lock()
+	defer b.ipcMu.Unlock()
+	if m := b.byKey[key]; m != nil {
+		m.refs++
+		return m.ptr, nil
+	}
+	ptr, err := b.rt.IpcOpenMemHandle(device, key.handle)
+	if err != nil {
+		return 0, err
+	}
+	m := &ipcMapping{key: key, ptr: ptr, refs: 1}
+	b.byKey[key] = m
+	b.byAddr[ipcAddrKey{device, ptr}] = m
+	return ptr, nil
+}
+
+// CloseIPC drops one reference on the mapping at ptr and closes the handle
+// with the last one.
+func (b *HIPBackend) CloseIPC(device int, ptr uintptr) error {
+	b.ipcMu.Lock()
+	defer b.ipcMu.Unlock()
+	ak := ipcAddrKey{device, ptr}
+	m := b.byAddr[ak]
+	if m == nil {
+		return fmt.Errorf("server: no IPC mapping at %#x on device %d", ptr, device)
+	}
+	m.refs--
+	if m.refs > 0 {
+		return nil
+	}
+	delete(b.byAddr, ak)
+	delete(b.byKey, m.key)
+	return b.rt.IpcCloseMemHandle(device, ptr)
+}
+
+// OpenHandles returns the number of IPC handles currently open.
+func (b *HIPBackend) OpenHandles() int {
+	b.ipcMu.Lock()
+	defer b.ipcMu.Unlock()
+	return len(b.byKey)
+}
+
+// CopyToPool copies n bytes of device memory at src to the pool at dst.
+func (b *HIPBackend) CopyToPool(device int, dst, src uintptr, n uint64) error {
+	return b.copy(device, dst, src, n, hip.MemcpyDeviceToHost)
+}
+
+// CopyFromPool copies n bytes of the pool at src to device memory at dst.
+func (b *HIPBackend) CopyFromPool(device int, dst, src uintptr, n uint64) error {
+	return b.copy(device, dst, src, n, hip.MemcpyHostToDevice)
+}
+
+func (b *HIPBackend) copy(device int, dst, src uintptr, n uint64, kind hip.MemcpyKind) error {
+	if n == 0 {
+		return nil
+	}
+	s, err := b.stream(device)
+	if err != nil {
+		return err
+	}
+	err = b.rt.MemcpyAsync(device, dst, src, n, kind, s)
+	if err == nil {
+		err = b.rt.StreamSynchronize(device, s)
+	}
+	if err != nil {
+		// The stream may hold the failed copy: do not hand it out again.
+		b.drop(device, s)
+		return err
+	}
+	b.putStream(device, s)
+	return nil
+}
+
+// stream returns an idle stream of device, creating one when none is idle.
+func (b *HIPBackend) stream(device int) (hip.Stream, error) {
+	b.streamMu.Lock()
+	if free := b.free[device]; len(free) > 0 {
+		s := free[len(free)-1]
+		b.free[device] = free[:len(free)-1]
+		b.streamMu.Unlock()
+		return s, nil
+	}
+	b.streamMu.Unlock()
+	return b.rt.StreamCreate(device)
+}
+
+func (b *HIPBackend) putStream(device int, s hip.Stream) {
+	b.streamMu.Lock()
+	b.free[device] = append(b.free[device], s)
+	b.streamMu.Unlock()
+}
+
+// drop destroys a stream that failed; destruction waits for nothing.
+func (b *HIPBackend) drop(device int, s hip.Stream) {
+	_ = b.rt.StreamDestroy(device, s)
+}
+
+// Pin page-locks the pool's arena for every device (HostRegisterPortable).
+// It touches every page of the arena: the whole pool is committed.
+func (b *HIPBackend) Pin(ptr uintptr, n uint64) error {
+	return b.rt.HostRegisterWithFlags(ptr, n, hip.HostRegisterPortable)
+}
+
+// Unpin undoes Pin.
+func (b *HIPBackend) Unpin(ptr uintptr) error {
+	return b.rt.HostUnregister(ptr)
+}
+
+// Close destroys the idle streams. Call it after the server has closed; IPC
+// handles are the server's to close.
+func (b *HIPBackend) Close() error {
+	b.streamMu.Lock()
+	free := b.free
+	b.free = make(map[int][]hip.Stream)
+	b.streamMu.Unlock()
+	var errs []error
+	for dev, ss := range free {
+		for _, s := range ss {
+			if err := b.rt.StreamDestroy(dev, s); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+var _ GPUBackend = (*HIPBackend)(nil)

@@ -1,0 +1,211 @@
+package server
+
+import (
+	"bytes"
+	"errors"
+	"sync"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/umbp-go/umbp-go/internal/hip"
+	"github.com/umbp-go/umbp-go/internal/hip/hiptest"
+	"github.com/umbp-go/umbp-go/proto/umbppb"
+)
+
+// fakeRuntime loads the fake GPU runtime (two devices, HIP 6 flavour).
+func fakeRuntime(t *testing.T) *hip.Runtime {
+	t.Helper()
+	lib := hiptest.BuildFake(t, "libamdhip64.so.6", "-DFAKE_HIP6")
+	rt, err := hip.Open(hip.Options{HIPLibraries: []string{lib}})
+	if errors.Is(err, hip.ErrNotSupported) {
+		t.Skipf("cannot load the fake GPU runtime: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rt
+}
+
+// foreign opens the fake runtime's handles as if another process made them:
+// client and server share this test's process.
+type foreign struct{ *HIPBackend }
+
+func (f foreign) OpenIPC(device int, handle []byte) (uintptr, error) {
+	return f.HIPBackend.OpenIPC(device, hiptest.Foreign(handle))
+}
+
+func TestNewHIPBackendWithoutGPU(t *testing.T) {
+	if hip.Available() {
+		t.Skip("this host has a GPU runtime")
+	}
+	b, err := NewHIPBackend()
+	if b != nil || !errors.Is(err, ErrNotSupported) || !errors.Is(err, hip.ErrNotSupported) {
+		t.Fatalf("NewHIPBackend() = %v, %v; want nil and an error matching both ErrNotSupported", b, err)
+	}
+}
+
+// TestHIPBackendFakeRuntime serves GPU regions through the HIP backend on
+// the fake runtime: IPC opens shared between clients, pinning, ranged copies
+// on device 1 (so that a call that does not select its device fails).
+func TestHIPBackendFakeRuntime(t *testing.T) {
+	rt := fakeRuntime(t)
+	b := NewHIPBackendFor(rt)
+	h := newHarness(t, Options{Capacity: 4 << 20, GPU: foreign{b}})
+	t.Cleanup(func() {
+		if err := b.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	if mt, _, err := rt.PointerInfo(h.srv.pool.base() + 100); err != nil || mt != hip.MemoryHost {
+		t.Fatalf("pool arena: %v, %v; want pinned host memory", mt, err)
+	}
+
+	const dev, size = 1, 256 << 10
+	alloc, err := rt.Malloc(dev, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Free(dev, alloc)
+	handle, err := rt.IpcGetMemHandle(dev, alloc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := uint64(alloc)
+	for _, c := range []string{"a", "b"} {
+		wantOK(t, "register "+c, h.registerGPU(t, gpuReq(c, base, size, dev, handle[:], 0, base)))
+	}
+	if st := h.srv.Stats(); st.GPUHandles != 2 || b.OpenHandles() != 1 {
+		t.Fatalf("two clients on one allocation: server handles %d, runtime handles %d; want 2, 1", st.GPUHandles, b.OpenHandles())
+	}
+
+	// A put gathered from two ranges of client a, read back whole by b.
+	src := pattern(64<<10, 5)
+	if err := rt.CopyToDevice(dev, alloc+4096, src); err != nil {
+		t.Fatal(err)
+	}
+	r, err := h.c.BatchPutRanges(ctxT(t), &umbppb.BatchRangeDataRequest{
+		Keys: []string{"k"}, ClientId: "a", RangeCounts: []uint32{2},
+		ShmOffsets: []uint64{4096 + 32<<10, 4096}, RegionBases: []uint64{base, base},
+		Sizes: []uint64{32 << 10, 32 << 10}, ObjectOffsets: []uint64{32 << 10, 0}, ObjectSizes: []uint64{64 << 10},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantBools(t, "ranged put", r.Ok, true)
+	wantOK(t, "get", h.get(t, "b", "k", base, 128<<10, 64<<10))
+	got := make([]byte, 64<<10)
+	if err := rt.CopyFromDevice(dev, got, alloc+128<<10); err != nil {
+		t.Fatal(err)
+	}
+	wantBytes(t, "loaded bytes", got, src)
+
+	// Concurrent copies each take a stream of their own.
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if r := h.get(t, "a", "k", base, uint64(i)*16<<10, 64<<10); !r.Ok {
+				t.Errorf("concurrent get %d: %v", i, r)
+			}
+		}()
+	}
+	wg.Wait()
+
+	for _, c := range []string{"a", "b"} {
+		if _, err := h.c.DeregisterMemory(ctxT(t), &umbppb.DeregisterMemoryRequest{ClientId: c}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.srv.regs.wait()
+	if n := b.OpenHandles(); n != 0 {
+		t.Fatalf("%d handles open after both clients deregistered", n)
+	}
+	if err := b.CloseIPC(dev, alloc); err == nil {
+		t.Fatal("CloseIPC of a closed mapping succeeded")
+	}
+	if _, err := b.OpenIPC(dev, make([]byte, 63)); err == nil {
+		t.Fatal("OpenIPC of a 63-byte handle succeeded")
+	}
+}
+
+// TestGPUHIPBackendCopies runs the backend's copies and pinning on the real
+// GPU: device memory to a pinned mmap arena and back, from several
+// goroutines at once.
+func TestGPUHIPBackendCopies(t *testing.T) {
+	rt, err := hip.Load()
+	if errors.Is(err, hip.ErrNotSupported) {
+		t.Skipf("no usable GPU runtime on this host: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := NewHIPBackendFor(rt)
+	defer b.Close()
+	const size = 16 << 20
+	arena, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(arena)
+	ap := uintptr(unsafe.Pointer(&arena[0]))
+	if err := b.Pin(ap, size); err != nil {
+		t.Fatalf("Pin: %v", err)
+	}
+	defer func() {
+		if err := b.Unpin(ap); err != nil {
+			t.Errorf("Unpin: %v", err)
+		}
+	}()
+	if mt, _, err := rt.PointerInfo(ap + 12345); err != nil || mt != hip.MemoryHost {
+		t.Fatalf("pinned arena: %v, %v; want host", mt, err)
+	}
+	const dev = 0
+	d, err := rt.Malloc(dev, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Free(dev, d)
+	want := pattern(size, 3)
+	if err := rt.CopyToDevice(dev, d, want); err != nil {
+		t.Fatal(err)
+	}
+	const parts = 8
+	const part = size / parts
+	var wg sync.WaitGroup
+	for i := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			off := uintptr(i * part)
+			if err := b.CopyToPool(dev, ap+off, d+off, part); err != nil {
+				t.Errorf("CopyToPool part %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if !bytes.Equal(arena, want) {
+		t.Fatal("CopyToPool: the arena differs from the device memory")
+	}
+	fill(arena, 4)
+	for i := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			off := uintptr(i * part)
+			if err := b.CopyFromPool(dev, d+off, ap+off, part); err != nil {
+				t.Errorf("CopyFromPool part %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	got := make([]byte, size)
+	if err := rt.CopyFromDevice(dev, got, d); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, arena) {
+		t.Fatal("CopyFromPool: the device memory differs from the arena")
+	}
+}

@@ -1,0 +1,17 @@
+package umbp
+
+import "github.com/umbp-go/umbp-go/internal/hip"
+
+// SetGPURuntime makes the package use rt, or fail with err, instead of the
+// process's GPU runtime, until restore is called.
+func SetGPURuntime(rt *hip.Runtime, err error) (restore func()) {
+	gpuLoader.mu.Lock()
+	defer gpuLoader.mu.Unlock()
+	old := gpuLoader.load
+	gpuLoader.load = func() (*hip.Runtime, error) { return rt, err }
+	return func() {
+		gpuLoader.mu.Lock()
+		defer gpuLoader.mu.Unlock()
+		gpuLoader.load = old
+	}
+}
