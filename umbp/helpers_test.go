@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -228,7 +229,32 @@ func startServerProcess(t testing.TB, endpoint string, args ...string) *serverPr
 	return p
 }
 
-func (p *serverProcess) signal(sig os.Signal) { _ = p.cmd.Process.Signal(sig) }
+// signal sends sig; for SIGSTOP and SIGCONT it waits until the process is
+// stopped or running again, since delivery is asynchronous.
+func (p *serverProcess) signal(sig os.Signal) {
+	_ = p.cmd.Process.Signal(sig)
+	var want func(state byte) bool
+	switch sig {
+	case syscall.SIGSTOP:
+		want = func(s byte) bool { return s == 'T' }
+	case syscall.SIGCONT:
+		want = func(s byte) bool { return s != 'T' }
+	default:
+		return
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+		if err != nil {
+			return
+		}
+		// pid (comm) state ...
+		if i := strings.LastIndexByte(string(b), ')'); i >= 0 && i+2 < len(b) && want(b[i+2]) {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
 
 func (p *serverProcess) kill() {
 	_ = p.cmd.Process.Kill()

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/umbp-go/umbp-go/internal/conn"
 	"github.com/umbp-go/umbp-go/internal/daemonpool"
 )
 
@@ -91,6 +92,8 @@ type TransferJob struct {
 	future *daemonpool.Future
 	// deadline is set when the transfer starts running.
 	deadline time.Time
+	// conn is the connection the transfer uses, set at submission.
+	conn *conn.Conn
 }
 
 func newJob(kind jobKind, plans []BlockTransferPlan) *TransferJob {

@@ -26,11 +26,13 @@ var (
 // shared pool holds. It never holds its caller up: every call runs on a
 // detached goroutine, and a call that fails or gets no reply within
 // LookupTimeout answers as a miss. Until a call that overran returns, later
-// calls answer misses at once without touching the server.
+// calls answer misses at once without touching the server. If the server
+// goes away, the handle attaches to its successor on its own; meanwhile
+// lookups answer misses at once.
 //
 // A SchedulerHandle is safe for concurrent use.
 type SchedulerHandle struct {
-	conn    *conn.Conn
+	link    *link
 	address string
 	log     *slog.Logger
 	timeout time.Duration // per call, from LookupTimeout
@@ -38,10 +40,13 @@ type SchedulerHandle struct {
 	// sides of every call (measured: about a third of a 1024-key lookup),
 	// and a call that overran is waited out rather than repeated anyway.
 	closeTimeout time.Duration
-	calls        *daemonpool.Pool
 	failures     logLimiter
+	stats        counters
 
-	mu         sync.Mutex
+	mu sync.Mutex
+	// calls runs the calls to the current connection; a new connection
+	// gets a new pool, so that no call queues behind one stuck on the old.
+	calls      *daemonpool.Pool
 	unanswered *daemonpool.Future
 	closed     bool
 }
@@ -54,28 +59,56 @@ func (r *StandaloneRuntime) NewSchedulerHandle(ctx context.Context, namespace st
 	if err := checkHandleArgs(namespace, topo, layout); err != nil {
 		return nil, err
 	}
-	c, err := r.dial(ctx)
-	if err != nil {
-		return nil, err
-	}
 	pool, err := daemonpool.New(1, "umbp-standalone-lookup")
 	if err != nil {
-		_ = c.Close()
 		return nil, err
 	}
-	return &SchedulerHandle{
-		conn:         c,
+	h := &SchedulerHandle{
 		address:      r.cfg.Endpoint,
 		log:          r.cfg.Logger,
 		timeout:      r.cfg.LookupTimeout,
 		closeTimeout: r.cfg.Timeout,
 		calls:        pool,
-	}, nil
+	}
+	l, err := newLink(ctx, r, nil, h.replaced)
+	if err != nil {
+		pool.Shutdown(false, true)
+		return nil, err
+	}
+	h.link = l
+	return h, nil
+}
+
+// replaced runs when the link attached to a new server: calls go to a new
+// pool, and the old connection closes once the old pool's last call
+// returns.
+func (h *SchedulerHandle) replaced(old *conn.Conn) {
+	h.mu.Lock()
+	oldPool := h.calls
+	swapped := false
+	if !h.closed {
+		if pool, err := daemonpool.New(1, "umbp-standalone-lookup"); err == nil {
+			h.calls, h.unanswered = pool, nil
+			swapped = true
+		}
+	}
+	h.mu.Unlock()
+	if swapped {
+		oldPool.Shutdown(false, true)
+	} // else Close shuts it down
+	go func() {
+		<-oldPool.Terminated()
+		_ = old.Close()
+	}()
 }
 
 // call runs fn on the handle's detached goroutine and waits for it at most
 // LookupTimeout or until ctx ends.
-func (h *SchedulerHandle) call(ctx context.Context, method string, fn func(context.Context) (any, error)) (any, error) {
+func (h *SchedulerHandle) call(ctx context.Context, method string, fn func(context.Context, *conn.Conn) (any, error)) (any, error) {
+	c, err := h.link.current()
+	if err != nil {
+		return nil, err
+	}
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -90,7 +123,11 @@ func (h *SchedulerHandle) call(ctx context.Context, method string, fn func(conte
 			return nil, errUnanswered
 		}
 	}
-	f, err := h.calls.Submit(func() (any, error) { return fn(context.Background()) })
+	f, err := h.calls.Submit(func() (any, error) {
+		v, err := fn(context.Background(), c)
+		h.link.failed(err)
+		return v, err
+	})
 	h.mu.Unlock()
 	if err != nil {
 		return nil, err
@@ -116,7 +153,18 @@ func (h *SchedulerHandle) call(ctx context.Context, method string, fn func(conte
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("%s: %w", method, err)
 	}
+	h.stats.timeouts.Add(1)
 	return nil, fmt.Errorf("%s got no reply within %v: %w", method, h.timeout, context.DeadlineExceeded)
+}
+
+// State reports whether the handle is connected, reconnecting or closed.
+func (h *SchedulerHandle) State() HandleState { return HandleState(h.link.state.Load()) }
+
+// Stats returns a snapshot of the handle's health and counters.
+func (h *SchedulerHandle) Stats() Stats {
+	s := Stats{State: h.State(), Capabilities: h.link.capabilities(), Reconnects: h.link.reconnects.Load()}
+	h.stats.fill(&s)
+	return s
 }
 
 // Lookup reports, for each key, whether the pool holds it. It returns one
@@ -140,24 +188,36 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 	if len(ask) == 0 {
 		return out
 	}
-	v, err := h.call(ctx, "BatchExists", func(ctx context.Context) (any, error) {
-		return h.conn.BatchExists(ctx, ask)
+	h.stats.lookups.Add(1)
+	v, err := h.call(ctx, "BatchExists", func(ctx context.Context, c *conn.Conn) (any, error) {
+		return c.BatchExists(ctx, ask)
 	})
 	if err != nil {
 		h.logFailure("lookup", err)
+		h.stats.misses.Add(uint64(len(keys)))
 		return out
 	}
 	hits := v.([]bool)
 	if len(hits) != len(ask) {
 		h.logFailure("lookup", fmt.Errorf("%d results for %d keys", len(hits), len(ask)))
+		h.stats.misses.Add(uint64(len(keys)))
 		return out
 	}
 	if at == nil {
-		return hits
+		out = hits
+	} else {
+		for j, i := range at {
+			out[i] = hits[j]
+		}
 	}
-	for j, i := range at {
-		out[i] = hits[j]
+	n := uint64(0)
+	for _, hit := range out {
+		if hit {
+			n++
+		}
 	}
+	h.stats.hits.Add(n)
+	h.stats.misses.Add(uint64(len(out)) - n)
 	return out
 }
 
@@ -189,8 +249,9 @@ func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
 	if len(keys) == 0 {
 		return 0
 	}
-	v, err := h.call(ctx, "BatchExistsConsecutive", func(ctx context.Context) (any, error) {
-		return h.conn.BatchExistsConsecutive(ctx, keys)
+	h.stats.lookups.Add(1)
+	v, err := h.call(ctx, "BatchExistsConsecutive", func(ctx context.Context, c *conn.Conn) (any, error) {
+		return c.BatchExistsConsecutive(ctx, keys)
 	})
 	if err != nil {
 		h.logFailure("prefix lookup", err)
@@ -201,6 +262,7 @@ func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
 		h.logFailure("prefix lookup", fmt.Errorf("count %d for %d keys", n, len(keys)))
 		return 0
 	}
+	h.stats.hits.Add(uint64(n))
 	return n
 }
 
@@ -208,8 +270,8 @@ func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
 // to the server, not only this one's — and reports whether the server did
 // so. Failures answer false.
 func (h *SchedulerHandle) Clear(ctx context.Context) bool {
-	v, err := h.call(ctx, "Clear", func(ctx context.Context) (any, error) {
-		return h.conn.Clear(ctx)
+	v, err := h.call(ctx, "Clear", func(ctx context.Context, c *conn.Conn) (any, error) {
+		return c.Clear(ctx)
 	})
 	if err != nil {
 		h.logFailure("clear", err)
@@ -234,20 +296,25 @@ func (h *SchedulerHandle) Close() error {
 		return nil
 	}
 	h.closed = true
+	h.mu.Unlock()
+	h.link.shutdown()
+	h.mu.Lock()
+	calls := h.calls
 	unanswered := h.unanswered != nil && !isDone(h.unanswered)
 	h.mu.Unlock()
-	h.calls.Shutdown(false, true)
+	calls.Shutdown(false, true)
+	c := h.link.conn()
 	if unanswered {
 		// Close the connection once the call returns; closing it now would
 		// wait for that call.
 		go func() {
-			<-h.calls.Terminated()
-			_ = h.conn.Close()
+			<-calls.Terminated()
+			_ = c.Close()
 		}()
 		return h.leaveOpen("a call to the server never returned")
 	}
 	done := make(chan error, 1)
-	go func() { done <- h.conn.Close() }()
+	go func() { done <- c.Close() }()
 	timer := time.NewTimer(h.closeTimeout)
 	defer timer.Stop()
 	select {
@@ -267,7 +334,10 @@ func (h *SchedulerHandle) leaveOpen(reason string) error {
 }
 
 func (h *SchedulerHandle) logFailure(op string, err error) {
-	if errors.Is(err, errHandleClosed) || !h.failures.allow() {
+	if !errors.Is(err, context.DeadlineExceeded) {
+		h.stats.failures.Add(1)
+	}
+	if errors.Is(err, errHandleClosed) || errors.Is(err, ErrClosed) || !h.failures.allow() {
 		return
 	}
 	h.log.Warn("UMBP standalone call failed; treating as a miss", "op", op, "endpoint", h.address, "err", err)

@@ -29,7 +29,7 @@ type stagingPool struct {
 }
 
 // get returns a registered staging buffer of at least size bytes.
-func (s *stagingPool) get(size uint64) (*HostBuffer, error) {
+func (s *stagingPool) get(c *conn.Conn, size uint64) (*HostBuffer, error) {
 	s.mu.Lock()
 	for i, b := range s.free {
 		if b.mappedSize() >= size {
@@ -52,7 +52,9 @@ func (s *stagingPool) get(size uint64) (*HostBuffer, error) {
 	if err := b.acquire(); err != nil {
 		return nil, err
 	}
-	if err := s.w.conn.RegisterHost(ctx, b.fd, b.base(), b.mappedSize()); err != nil {
+	s.w.regMu.Lock()
+	defer s.w.regMu.Unlock()
+	if err := c.RegisterHost(ctx, b.fd, b.base(), b.mappedSize()); err != nil {
 		b.release()
 		_ = b.Close()
 		return nil, fmt.Errorf("register staging buffer: %w", err)
@@ -90,7 +92,7 @@ func hostBytes(addr uintptr, n uint64) []byte {
 
 // staged moves the multi-range items at indexes multi through staging
 // buffers, chunk by chunk, recording each item's result.
-func (w *WorkerHandle) staged(ctx context.Context, kind jobKind, items []item, multi []int, results []bool) error {
+func (w *WorkerHandle) staged(ctx context.Context, c *conn.Conn, kind jobKind, items []item, multi []int, results []bool) error {
 	var errs []error
 	for start := 0; start < len(multi); {
 		end, total := start, uint64(0)
@@ -98,7 +100,7 @@ func (w *WorkerHandle) staged(ctx context.Context, kind jobKind, items []item, m
 			total += items[multi[end]].obj.Size
 			end++
 		}
-		if err := w.stageChunk(ctx, kind, items, multi[start:end], total, results); err != nil {
+		if err := w.stageChunk(ctx, c, kind, items, multi[start:end], total, results); err != nil {
 			errs = append(errs, err)
 		}
 		start = end
@@ -106,13 +108,13 @@ func (w *WorkerHandle) staged(ctx context.Context, kind jobKind, items []item, m
 	return errors.Join(errs...)
 }
 
-func (w *WorkerHandle) stageChunk(ctx context.Context, kind jobKind, items []item, idx []int, total uint64, results []bool) error {
+func (w *WorkerHandle) stageChunk(ctx context.Context, c *conn.Conn, kind jobKind, items []item, idx []int, total uint64, results []bool) error {
 	for _, k := range idx {
 		if !items[k].host {
 			return fmt.Errorf("%w: multi-range plans in GPU memory need a server with ranged I/O", ErrNotSupported)
 		}
 	}
-	buf, err := w.staging.get(total)
+	buf, err := w.staging.get(c, total)
 	if err != nil {
 		return err
 	}
@@ -134,9 +136,9 @@ func (w *WorkerHandle) stageChunk(ctx context.Context, kind jobKind, items []ite
 	}
 	var got []bool
 	if kind == kindStore {
-		got, err = w.conn.BatchPut(ctx, keys, segs)
+		got, err = c.BatchPut(ctx, keys, segs)
 	} else {
-		got, err = w.conn.BatchGet(ctx, keys, segs)
+		got, err = c.BatchGet(ctx, keys, segs)
 	}
 	for i, k := range idx {
 		ok := i < len(got) && got[i]

@@ -12,7 +12,9 @@ import (
 // TransferOption adjusts one store.
 type TransferOption func(*transferOptions)
 
-type transferOptions struct{}
+type transferOptions struct {
+	stream *streamDep // AfterStream
+}
 
 // storeRetryBackoff is the pause before each retry of the keys a store could
 // not place: the server may be evicting to make room.
@@ -40,11 +42,16 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 	job := newJob(kind, plans)
 	job.start()
 	if w.isClosed() {
-		job.failRest(refusedClosed)
+		w.refuse(job, refusedClosed)
+		return job
+	}
+	c, err := w.link.current()
+	if err != nil {
+		w.refuse(job, TransferNotAttempted+": "+err.Error())
 		return job
 	}
 	if n := w.blockedCount(); n > 0 {
-		job.failRest(refusedBlocked)
+		w.refuse(job, refusedBlocked)
 		if w.refusals.allow() {
 			w.log.Warn("UMBP standalone transfers are refused while timed-out transfers are still blocked in the server",
 				"endpoint", w.address, "blocked", n)
@@ -53,33 +60,76 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 	}
 	items := w.resolve(job)
 	if len(items) == 0 {
-		job.failRest("no valid plans") // only reached for an empty job
+		w.refuse(job, TransferNotAttempted+": no valid plans") // all failed, or none given
 		return job
 	}
-	ranged := w.conn.Capabilities().RangedIO
+	barrier, err := w.streamBarrier(o)
+	if err != nil {
+		w.refuse(job, TransferNotAttempted+": "+err.Error())
+		return job
+	}
+	ranged := c.Capabilities().RangedIO
 	// Submit under the lock, so that Close sees every queued job with its
 	// future. Submit never blocks.
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
-		job.failRest(refusedClosed)
+		w.refuse(job, refusedClosed)
 		return job
 	}
 	f, err := w.pool.Submit(func() (any, error) {
 		defer w.forget(job)
+		defer w.account(job)
 		job.markRunning(w.timeout)
-		w.run(job, items, ranged)
+		if barrier != nil {
+			if err := barrier(); err != nil {
+				job.failRest(TransferNotAttempted + ": waiting for the engine's stream: " + err.Error())
+				return nil, nil
+			}
+		}
+		w.run(job, c, items, ranged)
 		return nil, nil
 	})
 	if err != nil {
-		job.failRest(refusedClosed)
+		w.refuse(job, refusedClosed)
 		return job
 	}
+	w.stats.submitted.Add(1)
 	job.mu.Lock()
 	job.future = f
+	job.conn = c
 	job.mu.Unlock()
 	w.inflight[job] = struct{}{}
 	return job
+}
+
+// refuse fails every key of a job that was not submitted.
+func (w *WorkerHandle) refuse(job *TransferJob, reason string) {
+	job.failRest(reason)
+	w.stats.refused.Add(1)
+}
+
+// account counts a finished transfer.
+func (w *WorkerHandle) account(job *TransferJob) {
+	switch job.Status() {
+	case JobCompleted:
+		w.stats.completed.Add(1)
+	default:
+		w.stats.failed.Add(1)
+	}
+	var n uint64
+	job.mu.Lock()
+	for i, o := range job.outcomes {
+		if o.done && o.err == "" {
+			n += job.plans[i].ObjectSize()
+		}
+	}
+	job.mu.Unlock()
+	if job.kind == kindStore {
+		w.stats.bytesStored.Add(n)
+	} else {
+		w.stats.bytesLoaded.Add(n)
+	}
 }
 
 // resolve validates each plan and maps its ranges into registered regions.
@@ -123,23 +173,24 @@ func (w *WorkerHandle) resolve(job *TransferJob) []item {
 
 // run performs the job's transfer on a transfer goroutine. Its RPCs carry
 // no deadline: the server uses the buffers until it answers.
-func (w *WorkerHandle) run(job *TransferJob, items []item, ranged bool) {
+func (w *WorkerHandle) run(job *TransferJob, c *conn.Conn, items []item, ranged bool) {
 	ctx := context.Background()
 	var results []bool
 	var err error
 	if ranged {
-		results, err = w.rangedBatch(ctx, job.kind, items)
+		results, err = w.rangedBatch(ctx, c, job.kind, items)
 	} else {
-		results, err = w.fallbackBatch(ctx, job.kind, items)
+		results, err = w.fallbackBatch(ctx, c, job.kind, items)
 	}
 	errText := ""
 	if err != nil {
 		errText = err.Error()
 		w.logFailure(job.kind.String(), err)
+		w.link.failed(err)
 	}
 	if job.kind == kindStore && !errors.Is(err, conn.ErrUnavailable) {
-		w.retryStores(ctx, items, results, ranged)
-		if ok, ferr := w.conn.Flush(ctx); ferr != nil || !ok {
+		w.retryStores(ctx, c, items, results, ranged)
+		if ok, ferr := c.Flush(ctx); ferr != nil || !ok {
 			msg := "final flush failed"
 			if ferr != nil {
 				msg += ": " + ferr.Error()
@@ -164,7 +215,7 @@ func (w *WorkerHandle) run(job *TransferJob, items []item, ranged bool) {
 
 // retryStores retries each refused key on its own, after a Flush and a
 // pause, twice.
-func (w *WorkerHandle) retryStores(ctx context.Context, items []item, results []bool, ranged bool) {
+func (w *WorkerHandle) retryStores(ctx context.Context, c *conn.Conn, items []item, results []bool, ranged bool) {
 	for _, pause := range storeRetryBackoff {
 		var failed []int
 		for k, ok := range results {
@@ -175,7 +226,7 @@ func (w *WorkerHandle) retryStores(ctx context.Context, items []item, results []
 		if len(failed) == 0 {
 			return
 		}
-		if _, err := w.conn.Flush(ctx); err != nil && errors.Is(err, conn.ErrUnavailable) {
+		if _, err := c.Flush(ctx); err != nil && errors.Is(err, conn.ErrUnavailable) {
 			return
 		}
 		time.Sleep(pause)
@@ -184,9 +235,9 @@ func (w *WorkerHandle) retryStores(ctx context.Context, items []item, results []
 			var got []bool
 			var err error
 			if ranged {
-				got, err = w.rangedBatch(ctx, kindStore, one)
+				got, err = w.rangedBatch(ctx, c, kindStore, one)
 			} else {
-				got, err = w.fallbackBatch(ctx, kindStore, one)
+				got, err = w.fallbackBatch(ctx, c, kindStore, one)
 			}
 			if err == nil && len(got) == 1 && got[0] {
 				results[k] = true
@@ -197,20 +248,20 @@ func (w *WorkerHandle) retryStores(ctx context.Context, items []item, results []
 
 // rangedBatch moves every item in ranged RPCs (split by the connection at the
 // message limit).
-func (w *WorkerHandle) rangedBatch(ctx context.Context, kind jobKind, items []item) ([]bool, error) {
+func (w *WorkerHandle) rangedBatch(ctx context.Context, c *conn.Conn, kind jobKind, items []item) ([]bool, error) {
 	objs := make([]conn.Object, len(items))
 	for k := range items {
 		objs[k] = items[k].obj
 	}
 	if kind == kindStore {
-		return w.conn.BatchPutRanges(ctx, objs)
+		return c.BatchPutRanges(ctx, objs)
 	}
-	return w.conn.BatchGetRanges(ctx, objs)
+	return c.BatchGetRanges(ctx, objs)
 }
 
 // fallbackBatch moves items on a server without ranged I/O: single-range
 // items as plain segments, multi-range items through a staging buffer.
-func (w *WorkerHandle) fallbackBatch(ctx context.Context, kind jobKind, items []item) ([]bool, error) {
+func (w *WorkerHandle) fallbackBatch(ctx context.Context, c *conn.Conn, kind jobKind, items []item) ([]bool, error) {
 	results := make([]bool, len(items))
 	var keys []string
 	var segs []conn.Segment
@@ -231,9 +282,9 @@ func (w *WorkerHandle) fallbackBatch(ctx context.Context, kind jobKind, items []
 		var got []bool
 		var err error
 		if kind == kindStore {
-			got, err = w.conn.BatchPut(ctx, keys, segs)
+			got, err = c.BatchPut(ctx, keys, segs)
 		} else {
-			got, err = w.conn.BatchGet(ctx, keys, segs)
+			got, err = c.BatchGet(ctx, keys, segs)
 		}
 		if err != nil {
 			errs = append(errs, err)
@@ -243,7 +294,7 @@ func (w *WorkerHandle) fallbackBatch(ctx context.Context, kind jobKind, items []
 		}
 	}
 	if len(multi) > 0 {
-		if err := w.staged(ctx, kind, items, multi, results); err != nil {
+		if err := w.staged(ctx, c, kind, items, multi, results); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -29,7 +29,7 @@ import (
 //
 // A WorkerHandle is safe for concurrent use.
 type WorkerHandle struct {
-	conn    *conn.Conn
+	link    *link
 	address string
 	log     *slog.Logger
 	timeout time.Duration
@@ -39,6 +39,11 @@ type WorkerHandle struct {
 
 	refusals logLimiter
 	failures logLimiter
+	stats    counters
+
+	// regMu orders registrations with the re-registration that follows a
+	// server restart, so that no region is registered with one server only.
+	regMu sync.Mutex
 
 	mu       sync.Mutex
 	regions  []*memRegion // sorted by base
@@ -48,11 +53,12 @@ type WorkerHandle struct {
 
 // memRegion is one registered allocation.
 type memRegion struct {
-	names  []string // the buffers registered in it
-	base   uintptr
-	size   uint64
-	loc    MemoryLocation
-	host   *HostBuffer // host memory
+	names []string // the buffers registered in it
+	base  uintptr
+	size  uint64
+	loc   MemoryLocation
+	host  *HostBuffer // host memory
+	gpu   *gpuAlloc   // GPU memory
 }
 
 func (r *memRegion) contains(addr uintptr, n uint64) bool {
@@ -75,17 +81,11 @@ func (r *StandaloneRuntime) NewWorkerHandle(ctx context.Context, namespace strin
 		}
 		planner = p
 	}
-	c, err := r.dial(ctx)
-	if err != nil {
-		return nil, err
-	}
 	pool, err := daemonpool.New(r.cfg.NumWorkers, "umbp-standalone-transfer")
 	if err != nil {
-		_ = c.Close()
 		return nil, err
 	}
 	w := &WorkerHandle{
-		conn:     c,
 		address:  r.cfg.Endpoint,
 		log:      r.cfg.Logger,
 		timeout:  r.cfg.Timeout,
@@ -94,8 +94,72 @@ func (r *StandaloneRuntime) NewWorkerHandle(ctx context.Context, namespace strin
 		inflight: map[*TransferJob]struct{}{},
 	}
 	w.staging = &stagingPool{w: w}
+	l, err := newLink(ctx, r, w.reregister, w.replaced)
+	if err != nil {
+		pool.Shutdown(false, true)
+		return nil, err
+	}
+	w.link = l
+	c := l.conn()
 	r.cfg.Logger.Info("UMBP standalone worker attached", "endpoint", r.cfg.Endpoint, "client_id", c.ClientID(), "ranged_io", c.Capabilities().RangedIO)
 	return w, nil
+}
+
+// reregister registers every region of the handle with the server behind
+// c: the attach hook of the handle's link, run after a server restart.
+func (w *WorkerHandle) reregister(ctx context.Context, c *conn.Conn) error {
+	w.regMu.Lock()
+	defer w.regMu.Unlock()
+	w.mu.Lock()
+	regions := slices.Clone(w.regions)
+	w.mu.Unlock()
+	for _, r := range regions {
+		var err error
+		switch {
+		case r.host != nil:
+			err = c.RegisterHost(ctx, r.host.fd, r.base, r.size)
+		case r.gpu != nil:
+			err = r.gpu.register(ctx, c, r.base, r.size)
+		}
+		if err != nil {
+			return fmt.Errorf("re-register %s: %w", strings.Join(r.names, ", "), err)
+		}
+	}
+	return nil
+}
+
+// replaced runs once the link attached to a new server: the old connection
+// deregisters (in case its server lives on) and closes when the transfers
+// still using it have returned.
+func (w *WorkerHandle) replaced(old *conn.Conn) {
+	w.mu.Lock()
+	var on []*TransferJob
+	for j := range w.inflight {
+		if j.conn == old {
+			on = append(on, j)
+		}
+	}
+	w.mu.Unlock()
+	go func() {
+		for _, j := range on {
+			<-j.fut().Done()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
+		defer cancel()
+		_ = old.Deregister(ctx)
+		_ = old.Close()
+	}()
+}
+
+// State reports whether the handle is connected, reconnecting or closed.
+func (w *WorkerHandle) State() HandleState { return HandleState(w.link.state.Load()) }
+
+// Stats returns a snapshot of the handle's health and counters.
+func (w *WorkerHandle) Stats() Stats {
+	s := Stats{State: w.State(), Capabilities: w.link.capabilities(), Reconnects: w.link.reconnects.Load()}
+	w.stats.fill(&s)
+	s.TransfersBlocked = w.blockedCount()
+	return s
 }
 
 // RegisterBuffers registers the engine's KV memory with the server, by name.
@@ -140,8 +204,14 @@ func (w *WorkerHandle) registerBuffer(ctx context.Context, name string, b Buffer
 			return fmt.Errorf("host memory at %#x (%d bytes) does not lie in a HostBuffer: the server can only map memfd-backed memory from NewHostBuffer", b.Ptr, b.Size)
 		}
 	}
+	w.regMu.Lock()
+	defer w.regMu.Unlock()
+	c, err := w.link.current()
+	if err != nil {
+		return err
+	}
 	if hb == nil {
-		return w.registerGPU(ctx, name, b)
+		return w.registerGPU(ctx, c, name, b)
 	}
 	w.mu.Lock()
 	for _, r := range w.regions {
@@ -155,7 +225,7 @@ func (w *WorkerHandle) registerBuffer(ctx context.Context, name string, b Buffer
 	if err := hb.acquire(); err != nil {
 		return err
 	}
-	if err := w.conn.RegisterHost(ctx, hb.fd, hb.base(), hb.mappedSize()); err != nil {
+	if err := c.RegisterHost(ctx, hb.fd, hb.base(), hb.mappedSize()); err != nil {
 		hb.release()
 		return err
 	}
@@ -383,11 +453,15 @@ func (w *WorkerHandle) Close() error {
 		return nil
 	}
 	w.closed = true
+	w.mu.Unlock()
+	w.link.shutdown()
+	w.mu.Lock()
 	jobs := make([]*TransferJob, 0, len(w.inflight))
 	for j := range w.inflight {
 		jobs = append(jobs, j)
 	}
 	w.mu.Unlock()
+	c := w.link.conn()
 
 	w.pool.Shutdown(false, true)
 	now := time.Now()
@@ -428,7 +502,7 @@ func (w *WorkerHandle) Close() error {
 			for _, j := range running {
 				<-j.fut().Done()
 			}
-			_ = w.conn.Close()
+			_ = c.Close()
 		}()
 		return w.abandon(fmt.Sprintf("%d transfer(s) are still blocked in the server", inFlight))
 	}
@@ -438,10 +512,10 @@ func (w *WorkerHandle) Close() error {
 		defer close(released)
 		ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
 		defer cancel()
-		if err := w.conn.Deregister(ctx); err != nil {
+		if err := c.Deregister(ctx); err != nil {
 			w.log.Warn("UMBP standalone deregistration failed", "endpoint", w.address, "err", err)
 		}
-		if err := w.conn.Close(); err != nil {
+		if err := c.Close(); err != nil {
 			w.log.Warn("UMBP standalone worker client close failed", "endpoint", w.address, "err", err)
 		}
 	}()
@@ -481,6 +555,7 @@ func (w *WorkerHandle) abandon(reason string) error {
 		}
 		names = append(names, r.names...)
 	}
+	w.stats.abandoned.Add(int64(len(names)))
 	abandoned.mu.Lock()
 	abandoned.regions = append(abandoned.regions, regions...)
 	abandoned.mu.Unlock()

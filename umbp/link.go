@@ -1,0 +1,274 @@
+package umbp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/connectivity"
+
+	"github.com/umbp-go/umbp-go/internal/conn"
+	"github.com/umbp-go/umbp-go/internal/fdpass"
+)
+
+// HandleState is a handle's relation to its server.
+type HandleState int32
+
+const (
+	// StateConnected: calls go to the server.
+	StateConnected HandleState = iota
+	// StateReconnecting: the server went away (or was replaced); lookups
+	// answer misses and transfers are refused as not attempted, at once,
+	// until the handle has attached to the server again and re-registered
+	// its memory.
+	StateReconnecting
+	// StateClosed: the handle was closed.
+	StateClosed
+)
+
+// String returns "connected", "reconnecting" or "closed".
+func (s HandleState) String() string {
+	switch s {
+	case StateConnected:
+		return "connected"
+	case StateReconnecting:
+		return "reconnecting"
+	case StateClosed:
+		return "closed"
+	}
+	return fmt.Sprintf("HandleState(%d)", int32(s))
+}
+
+// ServerCapabilities are what the server said of itself when the handle
+// last attached.
+type ServerCapabilities struct {
+	// RangedIO: the server takes scatter/gather batches (a v2 server with
+	// its SSD tier off).
+	RangedIO bool
+	// Mode is the server's deployment mode, e.g. "STANDALONE_BACKEND_LOCAL".
+	Mode string
+}
+
+// linkCheckInterval is how often a handle looks at its server's socket.
+var linkCheckInterval = 100 * time.Millisecond
+
+// errReconnecting refuses calls while the handle re-attaches.
+var errReconnecting = errors.New("reconnecting to the UMBP standalone server")
+
+// sockIdent identifies one server's socket: a restarted server unlinks and
+// binds the path anew, which gives it a new inode. (Not the ctime: a chmod
+// after bind changes it.)
+type sockIdent struct {
+	dev, ino uint64
+}
+
+func statIdent(path string) (sockIdent, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return sockIdent{}, err
+	}
+	return sockIdent{dev: st.Dev, ino: st.Ino}, nil
+}
+
+// link is a handle's supervised attachment to the server: the current
+// connection, and a goroutine that notices the server going away (transport
+// failure, or its socket file replaced) and attaches again, re-running the
+// handle's attach hook (re-registration) on the new connection.
+type link struct {
+	rt      *StandaloneRuntime
+	log     *slog.Logger
+	path    string // gRPC socket path
+	attach  func(ctx context.Context, c *conn.Conn) error
+	release func(old *conn.Conn) // called once a connection is replaced
+
+	mu    sync.Mutex
+	c     *conn.Conn
+	ident sockIdent
+
+	state      atomic.Int32 // HandleState
+	reconnects atomic.Uint64
+	refusals   logLimiter
+	kickc      chan struct{}
+	stopCtx    context.Context // ends at shutdown: cancels an attach in progress
+	stop       context.CancelFunc
+	done       chan struct{}
+}
+
+// newLink dials the server, runs attach on the connection, and starts the
+// supervising goroutine.
+func newLink(ctx context.Context, rt *StandaloneRuntime, attach func(context.Context, *conn.Conn) error, release func(*conn.Conn)) (*link, error) {
+	path, _, err := fdpass.SocketPaths(rt.cfg.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	l := &link{
+		rt: rt, log: rt.cfg.Logger, path: path, attach: attach, release: release,
+		kickc: make(chan struct{}, 1), done: make(chan struct{}),
+	}
+	l.stopCtx, l.stop = context.WithCancel(context.Background())
+	ident, _ := statIdent(path)
+	c, err := rt.dial(ctx)
+	if err != nil {
+		l.stop()
+		return nil, err
+	}
+	if attach != nil {
+		if err := attach(ctx, c); err != nil {
+			l.stop()
+			_ = c.Close()
+			return nil, err
+		}
+	}
+	l.c, l.ident = c, ident
+	go l.supervise()
+	return l, nil
+}
+
+// current returns the connection, or errReconnecting while there is none
+// to use.
+func (l *link) current() (*conn.Conn, error) {
+	switch HandleState(l.state.Load()) {
+	case StateReconnecting:
+		return nil, errReconnecting
+	case StateClosed:
+		return nil, ErrClosed
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.c, nil
+}
+
+// conn returns the connection in use, whatever the state.
+func (l *link) conn() *conn.Conn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.c
+}
+
+// failed reports a call's error: a transport failure makes the link look
+// at its server at once.
+func (l *link) failed(err error) {
+	if errors.Is(err, conn.ErrUnavailable) {
+		select {
+		case l.kickc <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// shutdown stops the supervising goroutine and waits for it; an attach in
+// progress is cancelled. The connection stays for the caller to close.
+func (l *link) shutdown() {
+	l.state.Store(int32(StateClosed))
+	l.stop()
+	<-l.done
+}
+
+func (l *link) supervise() {
+	defer close(l.done)
+	tick := time.NewTicker(linkCheckInterval)
+	defer tick.Stop()
+	backoff := time.Duration(0)
+	var nextTry time.Time
+	for {
+		select {
+		case <-l.stopCtx.Done():
+			return
+		case <-tick.C:
+		case <-l.kickc:
+		}
+		if HandleState(l.state.Load()) == StateConnected {
+			if !l.lost() {
+				continue
+			}
+			l.state.Store(int32(StateReconnecting))
+			l.log.Warn("UMBP standalone server went away; reconnecting", "endpoint", l.rt.cfg.Endpoint)
+			backoff, nextTry = 0, time.Time{}
+		}
+		if time.Now().Before(nextTry) {
+			continue
+		}
+		if err := l.reattach(); err != nil {
+			backoff = min(max(2*backoff, linkCheckInterval), time.Second)
+			nextTry = time.Now().Add(backoff)
+			l.log.Debug("UMBP standalone reconnect attempt failed", "endpoint", l.rt.cfg.Endpoint, "err", err)
+			continue
+		}
+	}
+}
+
+// lost reports whether the server the link attached to is gone: its socket
+// was replaced or removed, or the transport to it failed.
+func (l *link) lost() bool {
+	ident, err := statIdent(l.path)
+	l.mu.Lock()
+	old, c := l.ident, l.c
+	l.mu.Unlock()
+	if err != nil || ident != old {
+		return true
+	}
+	// A lost transport leaves the connection idle (it redials only for the
+	// next call) or failing: either way the registrations may be gone.
+	switch c.State() {
+	case connectivity.TransientFailure, connectivity.Idle:
+		return true
+	}
+	return false
+}
+
+// reattach dials the server anew and runs the attach hook on the new
+// connection, bounded by StartupTimeout and Timeout; on success the new
+// connection replaces the old one.
+func (l *link) reattach() error {
+	ctx, cancel := context.WithTimeout(l.stopCtx, l.rt.cfg.StartupTimeout+l.rt.cfg.Timeout)
+	defer cancel()
+	dctx, dcancel := context.WithTimeout(ctx, time.Second)
+	c, err := l.rt.dial(dctx)
+	dcancel()
+	if err != nil {
+		if errors.Is(err, ErrUntrustedServer) && l.refusals.allow() {
+			l.log.Warn("refusing the server that took over the UMBP standalone endpoint", "endpoint", l.rt.cfg.Endpoint, "err", err)
+		}
+		return err
+	}
+	// The socket's identity after the dial: a server that replaced the one
+	// just dialled shows as a change at the next check.
+	ident, err := statIdent(l.path)
+	if err != nil {
+		_ = c.Close()
+		return err
+	}
+	if l.attach != nil {
+		if err := l.attach(ctx, c); err != nil {
+			_ = c.Close()
+			return err
+		}
+	}
+	l.mu.Lock()
+	if HandleState(l.state.Load()) == StateClosed {
+		l.mu.Unlock()
+		_ = c.Close()
+		return ErrClosed
+	}
+	old := l.c
+	l.c, l.ident = c, ident
+	l.state.Store(int32(StateConnected))
+	l.mu.Unlock()
+	l.reconnects.Add(1)
+	l.log.Info("UMBP standalone server is back; reattached", "endpoint", l.rt.cfg.Endpoint, "client_id", c.ClientID())
+	if l.release != nil {
+		l.release(old)
+	}
+	return nil
+}
+
+// capabilities of the current connection.
+func (l *link) capabilities() ServerCapabilities {
+	caps := l.conn().Capabilities()
+	return ServerCapabilities{RangedIO: caps.RangedIO, Mode: caps.Mode.String()}
+}

@@ -1,0 +1,137 @@
+package umbp_test
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/umbp-go/umbp-go/umbp"
+	"github.com/umbp-go/umbp-go/umbp/umbptest"
+)
+
+// waitState waits until every handle reports want.
+func waitState(t *testing.T, want umbp.HandleState, hs ...interface{ State() umbp.HandleState }) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for _, h := range hs {
+		for h.State() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("handle state %s, want %s", h.State(), want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+}
+
+// waitReconnects waits until the handle has attached n times again and is
+// connected.
+func waitReconnects(t *testing.T, h interface{ Stats() umbp.Stats }, n uint64) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		s := h.Stats()
+		if s.Reconnects >= n && s.State == umbp.StateConnected {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 20s: %d reconnects, state %s; want %d, connected", s.Reconnects, s.State, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// storeLoad stores blocks 0..n-1 of a under prefix and loads them into b's
+// blocks, checking every byte.
+func storeLoad(t *testing.T, a, b *engine, prefix string, seed byte, n int) {
+	t.Helper()
+	src := a.plans(t, prefix, ids(n)...)
+	a.fill(src, seed)
+	job := a.w.Store(src)
+	waitJob(t, a.w, job)
+	if job.Status() != umbp.JobCompleted {
+		t.Fatalf("store %s: %s %q", prefix, job.Status(), job.Err())
+	}
+	dst := b.plans(t, prefix, ids(n)...)
+	lj := b.w.Load(dst)
+	waitJob(t, b.w, lj)
+	if lj.Status() != umbp.JobCompleted {
+		t.Fatalf("load %s: %s %q", prefix, lj.Status(), lj.Err())
+	}
+	b.check(t, dst, seed, ids(n))
+}
+
+// TestRestartReattaches: a restarted server is found again by every handle,
+// which re-registers its memory and resumes with no call from the engine;
+// the new server's pool is empty, so earlier blocks are misses, never stale.
+func TestRestartReattaches(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	a := newEngine(t, rt, 4, 8, 512)
+	b := newEngine(t, rt, 4, 8, 512)
+	h := newScheduler(t, rt)
+	ctx := context.Background()
+	storeLoad(t, a, b, "before", 1, 4)
+	keys := a.plans(t, "before", ids(4)...)
+	if got := h.Lookup(ctx, []string{keys[0].Key}); !got[0] {
+		t.Fatal("lookup missed before the restart")
+	}
+
+	srv.Restart()
+	for _, s := range []interface{ Stats() umbp.Stats }{a.w, b.w, h} {
+		waitReconnects(t, s, 1)
+	}
+	// The new pool is empty: loads miss, lookups miss.
+	lj := b.w.Load(b.plans(t, "before", 0))
+	waitJob(t, b.w, lj)
+	if lj.Status() != umbp.JobFailed || strings.Contains(lj.Err(), umbp.TransferNotAttempted) {
+		t.Fatalf("load after restart: %s %q", lj.Status(), lj.Err())
+	}
+	if got := h.Lookup(ctx, []string{keys[0].Key}); got[0] {
+		t.Fatal("lookup hit a key the restarted server never stored")
+	}
+	// Memory was registered again: transfers work byte-exactly.
+	storeLoad(t, a, b, "after", 2, 8)
+	if got := h.Lookup(ctx, []string{a.plans(t, "after", 7)[0].Key}); !got[0] {
+		t.Fatal("lookup missed after the restart")
+	}
+}
+
+// TestReconnectingRefusesAtOnce: while the server is away, lookups answer
+// misses and transfers fail as not attempted, without waiting.
+func TestReconnectingRefusesAtOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the server binary")
+	}
+	ep := filepath.Join(shortDir(t), "r.grpc.sock")
+	p := startServerProcess(t, ep, "-prefault=false")
+	cfg := testConfig(t, ep)
+	rt := newRuntime(t, cfg)
+	a := newEngine(t, rt, 2, 8, 256)
+	b := newEngine(t, rt, 2, 8, 256)
+	h := newScheduler(t, rt)
+	ctx := context.Background()
+	storeLoad(t, a, b, "p1", 3, 8)
+
+	p.kill()
+	waitState(t, umbp.StateReconnecting, a.w, h)
+	start := time.Now()
+	got := h.Lookup(ctx, []string{a.plans(t, "p1", 0)[0].Key})
+	job := a.w.Store(a.plans(t, "p2", 0))
+	if el := time.Since(start); el > margin {
+		t.Fatalf("calls while reconnecting took %v", el)
+	}
+	if got[0] || job.Status() != umbp.JobFailed || !strings.HasPrefix(job.Err(), umbp.TransferNotAttempted) {
+		t.Fatalf("while reconnecting: lookup %v, store %s %q", got, job.Status(), job.Err())
+	}
+
+	startServerProcess(t, ep, "-prefault=false")
+	for _, s := range []interface{ Stats() umbp.Stats }{a.w, b.w, h} {
+		waitReconnects(t, s, 1)
+	}
+	storeLoad(t, a, b, "p3", 4, 8)
+	if s := a.w.Stats(); s.Reconnects != 1 || s.TransfersRefused == 0 || s.TransfersCompleted < 2 {
+		t.Fatalf("stats after restart: %+v", s)
+	}
+}
