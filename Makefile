@@ -30,10 +30,21 @@ lint:
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
 
-# Fuzz each decoder for a short while (FUZZTIME=1m for longer).
+# Fuzz every decoder and validator for a while each (FUZZTIME=1m for longer).
+# Their seed corpora run in every `make test`.
 FUZZTIME ?= 20s
+FUZZ_TARGETS := \
+	./internal/fdpass:FuzzDecodeRegistration \
+	./internal/server:FuzzRangedPlan \
+	./umbp:FuzzParseKey \
+	./umbp:FuzzPlanValidate \
+	./umbp:FuzzHostileServer \
+	./examples/standalone-server:FuzzParseSize
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRegistration$$' -fuzztime $(FUZZTIME) ./internal/fdpass
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  pkg=$${t%%:*}; fn=$${t##*:}; echo "== $$fn ($$pkg)"; \
+	  $(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg; \
+	done
 
 protoc-install:
 	@if ! $(PROTOC) --version 2>/dev/null | grep -q 'libprotoc $(PROTOC_VERSION)'; then \

@@ -94,11 +94,20 @@ func NewHostBuffer(size int) (*HostBuffer, error) {
 	return b, nil
 }
 
-// Bytes returns the buffer's memory. It is valid until Close succeeds.
-func (b *HostBuffer) Bytes() []byte { return b.mem[:b.size:b.size] }
+// Bytes returns the buffer's memory, or nil after Close succeeded.
+func (b *HostBuffer) Bytes() []byte {
+	if b.mem == nil {
+		return nil
+	}
+	return b.mem[:b.size:b.size]
+}
 
-// Buffer describes the buffer for [WorkerHandle.RegisterBuffers].
+// Buffer describes the buffer for [WorkerHandle.RegisterBuffers]; after
+// Close succeeded it is the zero Buffer.
 func (b *HostBuffer) Buffer() Buffer {
+	if b.mem == nil {
+		return Buffer{}
+	}
 	return Buffer{Ptr: b.base(), Size: uint64(b.size), Location: LocationHost}
 }
 

@@ -3,6 +3,7 @@ package umbp
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -99,7 +100,7 @@ type TransferJob struct {
 func newJob(kind jobKind, plans []BlockTransferPlan) *TransferJob {
 	j := &TransferJob{
 		kind:     kind,
-		plans:    plans,
+		plans:    slices.Clone(plans), // the caller may reuse its slice
 		done:     make(chan struct{}),
 		outcomes: make([]outcome, len(plans)),
 		left:     len(plans),

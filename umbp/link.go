@@ -93,10 +93,16 @@ type link struct {
 	state      atomic.Int32 // HandleState
 	reconnects atomic.Uint64
 	refusals   logLimiter
-	kickc      chan struct{}
-	stopCtx    context.Context // ends at shutdown: cancels an attach in progress
-	stop       context.CancelFunc
-	done       chan struct{}
+	retries    logLimiter
+	// broken is the connection whose transport left READY: its server went
+	// away, and with it, maybe, the registrations. (A server restarted at
+	// the same path may get the same inode; this is what notices it.)
+	broken  atomic.Pointer[conn.Conn]
+	unwatch context.CancelFunc // stops the current connection's watcher
+	kickc   chan struct{}
+	stopCtx context.Context // ends at shutdown: cancels an attach in progress
+	stop    context.CancelFunc
+	done    chan struct{}
 }
 
 // newLink dials the server, runs attach on the connection, and starts the
@@ -111,22 +117,46 @@ func newLink(ctx context.Context, rt *StandaloneRuntime, attach func(context.Con
 		kickc: make(chan struct{}, 1), done: make(chan struct{}),
 	}
 	l.stopCtx, l.stop = context.WithCancel(context.Background())
-	ident, _ := statIdent(path)
 	c, err := rt.dial(ctx)
 	if err != nil {
 		l.stop()
 		return nil, err
 	}
+	ident, _ := statIdent(path)
 	if attach != nil {
 		if err := attach(ctx, c); err != nil {
 			l.stop()
-			_ = c.Close()
+			l.discard(c)
 			return nil, err
 		}
 	}
 	l.c, l.ident = c, ident
+	l.unwatch = l.watch(c)
 	go l.supervise()
 	return l, nil
+}
+
+// watch marks c broken, and wakes the supervisor, when its transport
+// leaves READY. The returned function stops watching.
+func (l *link) watch(c *conn.Conn) context.CancelFunc {
+	ctx, cancel := context.WithCancel(l.stopCtx)
+	go func() {
+		// Any change away from READY counts, even if gRPC has redialled by
+		// the time we look again.
+		if c.State() == connectivity.Ready && !c.WaitForStateChange(ctx, connectivity.Ready) {
+			return // replaced or shut down
+		}
+		l.broken.Store(c)
+		l.kick()
+	}()
+	return cancel
+}
+
+func (l *link) kick() {
+	select {
+	case l.kickc <- struct{}{}:
+	default:
+	}
 }
 
 // current returns the connection, or errReconnecting while there is none
@@ -154,10 +184,7 @@ func (l *link) conn() *conn.Conn {
 // at its server at once.
 func (l *link) failed(err error) {
 	if errors.Is(err, conn.ErrUnavailable) {
-		select {
-		case l.kickc <- struct{}{}:
-		default:
-		}
+		l.kick()
 	}
 }
 
@@ -183,10 +210,9 @@ func (l *link) supervise() {
 		case <-l.kickc:
 		}
 		if HandleState(l.state.Load()) == StateConnected {
-			if !l.lost() {
+			if !l.lost() || !l.state.CompareAndSwap(int32(StateConnected), int32(StateReconnecting)) {
 				continue
 			}
-			l.state.Store(int32(StateReconnecting))
 			l.log.Warn("UMBP standalone server went away; reconnecting", "endpoint", l.rt.cfg.Endpoint)
 			backoff, nextTry = 0, time.Time{}
 		}
@@ -196,7 +222,9 @@ func (l *link) supervise() {
 		if err := l.reattach(); err != nil {
 			backoff = min(max(2*backoff, linkCheckInterval), time.Second)
 			nextTry = time.Now().Add(backoff)
-			l.log.Debug("UMBP standalone reconnect attempt failed", "endpoint", l.rt.cfg.Endpoint, "err", err)
+			if l.retries.allow() {
+				l.log.Warn("UMBP standalone reconnect attempt failed; retrying", "endpoint", l.rt.cfg.Endpoint, "err", err)
+			}
 			continue
 		}
 	}
@@ -209,16 +237,7 @@ func (l *link) lost() bool {
 	l.mu.Lock()
 	old, c := l.ident, l.c
 	l.mu.Unlock()
-	if err != nil || ident != old {
-		return true
-	}
-	// A lost transport leaves the connection idle (it redials only for the
-	// next call) or failing: either way the registrations may be gone.
-	switch c.State() {
-	case connectivity.TransientFailure, connectivity.Idle:
-		return true
-	}
-	return false
+	return err != nil || ident != old || l.broken.Load() == c || c.Transports() > 1
 }
 
 // reattach dials the server anew and runs the attach hook on the new
@@ -245,19 +264,20 @@ func (l *link) reattach() error {
 	}
 	if l.attach != nil {
 		if err := l.attach(ctx, c); err != nil {
-			_ = c.Close()
+			l.discard(c)
 			return err
 		}
 	}
 	l.mu.Lock()
-	if HandleState(l.state.Load()) == StateClosed {
+	if !l.state.CompareAndSwap(int32(StateReconnecting), int32(StateConnected)) { // closed meanwhile
 		l.mu.Unlock()
-		_ = c.Close()
+		l.discard(c)
 		return ErrClosed
 	}
 	old := l.c
 	l.c, l.ident = c, ident
-	l.state.Store(int32(StateConnected))
+	l.unwatch()
+	l.unwatch = l.watch(c)
 	l.mu.Unlock()
 	l.reconnects.Add(1)
 	l.log.Info("UMBP standalone server is back; reattached", "endpoint", l.rt.cfg.Endpoint, "client_id", c.ClientID())
@@ -265,6 +285,16 @@ func (l *link) reattach() error {
 		l.release(old)
 	}
 	return nil
+}
+
+// discard drops a connection whose attach did not complete: what it
+// registered is deregistered, so that retries leave nothing behind on the
+// server.
+func (l *link) discard(c *conn.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = c.Deregister(ctx)
+	_ = c.Close()
 }
 
 // capabilities of the current connection.

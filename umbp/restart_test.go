@@ -135,3 +135,36 @@ func TestReconnectingRefusesAtOnce(t *testing.T) {
 		t.Fatalf("stats after restart: %+v", s)
 	}
 }
+
+// TestFastRestartsAreNoticed: a server restarted at the same path may get
+// the same inode; the handle still notices, through its transport, while
+// transfers keep running, and re-registers its memory every time.
+func TestFastRestartsAreNoticed(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	a := newEngine(t, rt, 2, 8, 256)
+	b := newEngine(t, rt, 2, 8, 256)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { // loads in flight across every restart
+		defer close(done)
+		plans := b.plans(t, "busy", 0, 1)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			<-b.w.Load(plans).Done()
+		}
+	}()
+	const restarts = 8
+	for i := 1; i <= restarts; i++ {
+		srv.Restart()
+		waitReconnects(t, a.w, uint64(i))
+		waitReconnects(t, b.w, uint64(i))
+	}
+	close(stop)
+	<-done
+	storeLoad(t, a, b, "fast", 9, 8)
+}

@@ -61,6 +61,9 @@ func (r *StandaloneRuntime) dial(ctx context.Context) (*conn.Conn, error) {
 
 // checkHandleArgs validates what every handle constructor takes.
 func checkHandleArgs(namespace string, topo RankTopology, layout *KVLayoutDescriptor) error {
+	if err := validateNamespace(namespace); err != nil {
+		return err
+	}
 	if err := topo.Validate(); err != nil {
 		return err
 	}

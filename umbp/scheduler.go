@@ -105,14 +105,18 @@ func (h *SchedulerHandle) replaced(old *conn.Conn) {
 // call runs fn on the handle's detached goroutine and waits for it at most
 // LookupTimeout or until ctx ends.
 func (h *SchedulerHandle) call(ctx context.Context, method string, fn func(context.Context, *conn.Conn) (any, error)) (any, error) {
-	c, err := h.link.current()
-	if err != nil {
-		return nil, err
-	}
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
 		return nil, errHandleClosed
+	}
+	// Read under h.mu: a replaced connection swaps the pool under h.mu
+	// after swapping the connection, so a call never runs on a new pool
+	// against an old connection.
+	c, err := h.link.current()
+	if err != nil {
+		h.mu.Unlock()
+		return nil, err
 	}
 	if h.unanswered != nil {
 		select {
@@ -147,7 +151,9 @@ func (h *SchedulerHandle) call(ctx context.Context, method string, fn func(conte
 	}
 	if !f.Cancel() { // a call that never started holds nothing up
 		h.mu.Lock()
-		h.unanswered = f
+		if h.unanswered == nil || isDone(h.unanswered) {
+			h.unanswered = f
+		}
 		h.mu.Unlock()
 	}
 	if err := ctx.Err(); err != nil {
@@ -255,14 +261,17 @@ func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
 	})
 	if err != nil {
 		h.logFailure("prefix lookup", err)
+		h.stats.misses.Add(uint64(len(keys)))
 		return 0
 	}
 	n := v.(int)
 	if n < 0 || n > len(keys) {
 		h.logFailure("prefix lookup", fmt.Errorf("count %d for %d keys", n, len(keys)))
+		h.stats.misses.Add(uint64(len(keys)))
 		return 0
 	}
 	h.stats.hits.Add(uint64(n))
+	h.stats.misses.Add(uint64(len(keys) - n))
 	return n
 }
 
@@ -286,9 +295,9 @@ func (h *SchedulerHandle) Clear(ctx context.Context) bool {
 }
 
 // Close releases the handle. It never blocks longer than Timeout. If a call
-// to the server never returned, the connection is left open (closing it
-// would wait for that call) and Close says so; calls after Close answer
-// misses.
+// to the server never returned, the connection is left open until it does
+// (the server may still be working on it) and Close says so; calls after
+// Close answer misses.
 func (h *SchedulerHandle) Close() error {
 	h.mu.Lock()
 	if h.closed {
@@ -337,7 +346,7 @@ func (h *SchedulerHandle) logFailure(op string, err error) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		h.stats.failures.Add(1)
 	}
-	if errors.Is(err, errHandleClosed) || errors.Is(err, ErrClosed) || !h.failures.allow() {
+	if errors.Is(err, errHandleClosed) || errors.Is(err, ErrClosed) || errors.Is(err, conn.ErrClosed) || !h.failures.allow() {
 		return
 	}
 	h.log.Warn("UMBP standalone call failed; treating as a miss", "op", op, "endpoint", h.address, "err", err)

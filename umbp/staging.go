@@ -52,12 +52,22 @@ func (s *stagingPool) get(c *conn.Conn, size uint64) (*HostBuffer, error) {
 	if err := b.acquire(); err != nil {
 		return nil, err
 	}
-	s.w.regMu.Lock()
-	defer s.w.regMu.Unlock()
-	if err := c.RegisterHost(ctx, b.fd, b.base(), b.mappedSize()); err != nil {
+	fail := func(err error) (*HostBuffer, error) {
 		b.release()
 		_ = b.Close()
-		return nil, fmt.Errorf("register staging buffer: %w", err)
+		return nil, err
+	}
+	if err := s.w.lockReg(ctx); err != nil {
+		return fail(err)
+	}
+	defer s.w.unlockReg()
+	// Registered with the current server only, and then re-registered with
+	// every later one: a transfer still on a replaced connection gets none.
+	if cur, err := s.w.link.current(); err != nil || cur != c {
+		return fail(fmt.Errorf("staging buffer: %w", errReconnecting))
+	}
+	if err := c.RegisterHost(ctx, b.fd, b.base(), b.mappedSize()); err != nil {
+		return fail(fmt.Errorf("register staging buffer: %w", err))
 	}
 	s.w.addRegion(&memRegion{names: []string{fmt.Sprintf("staging-%d", n)}, base: b.base(), size: b.mappedSize(), loc: LocationHost, host: b})
 	s.mu.Lock()

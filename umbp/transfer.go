@@ -41,7 +41,29 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 	}
 	job := newJob(kind, plans)
 	job.start()
+	if len(plans) == 0 {
+		job.failRest("") // nothing to move: COMPLETED
+		return job
+	}
+	// Cheap refusals first, without the lock.
 	if w.isClosed() {
+		w.refuse(job, refusedClosed)
+		return job
+	}
+	if _, err := w.link.current(); err != nil {
+		w.refuse(job, TransferNotAttempted+": "+err.Error())
+		return job
+	}
+	if n := w.blockedCount(); n > 0 {
+		w.refuseBlocked(job, n)
+		return job
+	}
+	// The connection is read, and the job queued, under the lock: a
+	// connection being replaced then either gets this job counted among its
+	// users or is not the one it uses.
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
 		w.refuse(job, refusedClosed)
 		return job
 	}
@@ -50,17 +72,10 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 		w.refuse(job, TransferNotAttempted+": "+err.Error())
 		return job
 	}
-	if n := w.blockedCount(); n > 0 {
-		w.refuse(job, refusedBlocked)
-		if w.refusals.allow() {
-			w.log.Warn("UMBP standalone transfers are refused while timed-out transfers are still blocked in the server",
-				"endpoint", w.address, "blocked", n)
-		}
-		return job
-	}
-	items := w.resolve(job)
+	ranged := c.Capabilities().RangedIO
+	items := w.resolvePlansLocked(job, ranged)
 	if len(items) == 0 {
-		w.refuse(job, TransferNotAttempted+": no valid plans") // all failed, or none given
+		w.stats.refused.Add(1) // every plan failed already
 		return job
 	}
 	barrier, err := w.streamBarrier(o)
@@ -68,18 +83,14 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 		w.refuse(job, TransferNotAttempted+": "+err.Error())
 		return job
 	}
-	ranged := c.Capabilities().RangedIO
-	// Submit under the lock, so that Close sees every queued job with its
-	// future. Submit never blocks.
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.closed {
-		w.refuse(job, refusedClosed)
-		return job
-	}
 	f, err := w.pool.Submit(func() (any, error) {
 		defer w.forget(job)
-		defer w.account(job)
+		defer w.account(job, items)
+		defer func() {
+			if !job.ended() { // a panic: nothing of ours is in flight now
+				job.failRest("internal error in the UMBP transfer")
+			}
+		}()
 		job.markRunning(w.timeout)
 		if barrier != nil {
 			if err := barrier(); err != nil {
@@ -103,6 +114,15 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 	return job
 }
 
+// refuseBlocked refuses a job while n transfers are blocked.
+func (w *WorkerHandle) refuseBlocked(job *TransferJob, n int) {
+	w.refuse(job, refusedBlocked)
+	if w.refusals.allow() {
+		w.log.Warn("UMBP standalone transfers are refused while timed-out transfers are still blocked in the server",
+			"endpoint", w.address, "blocked", n)
+	}
+}
+
 // refuse fails every key of a job that was not submitted.
 func (w *WorkerHandle) refuse(job *TransferJob, reason string) {
 	job.failRest(reason)
@@ -110,7 +130,7 @@ func (w *WorkerHandle) refuse(job *TransferJob, reason string) {
 }
 
 // account counts a finished transfer.
-func (w *WorkerHandle) account(job *TransferJob) {
+func (w *WorkerHandle) account(job *TransferJob, items []item) {
 	switch job.Status() {
 	case JobCompleted:
 		w.stats.completed.Add(1)
@@ -119,9 +139,9 @@ func (w *WorkerHandle) account(job *TransferJob) {
 	}
 	var n uint64
 	job.mu.Lock()
-	for i, o := range job.outcomes {
-		if o.done && o.err == "" {
-			n += job.plans[i].ObjectSize()
+	for _, it := range items {
+		if o := job.outcomes[it.idx]; o.done && o.err == "" {
+			n += it.obj.Size
 		}
 	}
 	job.mu.Unlock()
@@ -132,16 +152,15 @@ func (w *WorkerHandle) account(job *TransferJob) {
 	}
 }
 
-// resolve validates each plan and maps its ranges into registered regions.
-// Plans that fail get their outcome now; the rest are returned.
-func (w *WorkerHandle) resolve(job *TransferJob) []item {
+// resolvePlansLocked validates each plan and maps its ranges into registered
+// regions. Plans that fail get their outcome now; the rest are returned.
+// w.mu is held.
+func (w *WorkerHandle) resolvePlansLocked(job *TransferJob, ranged bool) []item {
 	items := make([]item, 0, len(job.plans))
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	for i := range job.plans {
 		p := &job.plans[i]
 		if err := p.Validate(); err != nil {
-			job.setLocked(i, TransferNotAttempted+": "+err.Error())
+			job.setOutcome(i, TransferNotAttempted+": "+err.Error())
 			continue
 		}
 		obj := conn.Object{Key: p.Key, Size: p.ObjectSize(), Ranges: make([]conn.Range, len(p.Ranges))}
@@ -162,11 +181,15 @@ func (w *WorkerHandle) resolve(job *TransferJob) []item {
 				ObjectOffset: r.ObjectOffset,
 			}
 		}
+		single := len(obj.Ranges) == 1
+		if bad == "" && !ranged && !single && !host {
+			bad = fmt.Sprintf("%s: key %q: %d ranges in GPU memory need a server with ranged I/O (%v)", TransferNotAttempted, p.Key, len(obj.Ranges), ErrNotSupported)
+		}
 		if bad != "" {
-			job.setLocked(i, bad)
+			job.setOutcome(i, bad)
 			continue
 		}
-		items = append(items, item{idx: i, obj: obj, host: host, single: len(obj.Ranges) == 1 && obj.Ranges[0].ObjectOffset == 0})
+		items = append(items, item{idx: i, obj: obj, host: host, single: single})
 	}
 	return items
 }
@@ -185,11 +208,15 @@ func (w *WorkerHandle) run(job *TransferJob, c *conn.Conn, items []item, ranged 
 	errText := ""
 	if err != nil {
 		errText = err.Error()
+		if errors.Is(err, conn.ErrInvalidArgument) || errors.Is(err, conn.ErrClosed) {
+			errText = TransferNotAttempted + ": " + errText // refused before sending
+		}
 		w.logFailure(job.kind.String(), err)
 		w.link.failed(err)
 	}
 	if job.kind == kindStore && !errors.Is(err, conn.ErrUnavailable) {
-		w.retryStores(ctx, c, items, results, ranged)
+		_, deadline := job.runState()
+		w.retryStores(ctx, c, items, results, ranged, deadline)
 		if ok, ferr := c.Flush(ctx); ferr != nil || !ok {
 			msg := "final flush failed"
 			if ferr != nil {
@@ -215,8 +242,11 @@ func (w *WorkerHandle) run(job *TransferJob, c *conn.Conn, items []item, ranged 
 
 // retryStores retries each refused key on its own, after a Flush and a
 // pause, twice.
-func (w *WorkerHandle) retryStores(ctx context.Context, c *conn.Conn, items []item, results []bool, ranged bool) {
+func (w *WorkerHandle) retryStores(ctx context.Context, c *conn.Conn, items []item, results []bool, ranged bool, deadline time.Time) {
 	for _, pause := range storeRetryBackoff {
+		if time.Until(deadline) < pause { // no retry may make the job late
+			return
+		}
 		var failed []int
 		for k, ok := range results {
 			if !ok {

@@ -41,9 +41,10 @@ type WorkerHandle struct {
 	failures logLimiter
 	stats    counters
 
-	// regMu orders registrations with the re-registration that follows a
-	// server restart, so that no region is registered with one server only.
-	regMu sync.Mutex
+	// regSem (a mutex that honours contexts) orders registrations with the
+	// re-registration that follows a server restart, and with Close, so
+	// that no region is registered with one server only or after Close.
+	regSem chan struct{}
 
 	mu       sync.Mutex
 	regions  []*memRegion // sorted by base
@@ -92,6 +93,7 @@ func (r *StandaloneRuntime) NewWorkerHandle(ctx context.Context, namespace strin
 		planner:  planner,
 		pool:     pool,
 		inflight: map[*TransferJob]struct{}{},
+		regSem:   make(chan struct{}, 1),
 	}
 	w.staging = &stagingPool{w: w}
 	l, err := newLink(ctx, r, w.reregister, w.replaced)
@@ -108,8 +110,10 @@ func (r *StandaloneRuntime) NewWorkerHandle(ctx context.Context, namespace strin
 // reregister registers every region of the handle with the server behind
 // c: the attach hook of the handle's link, run after a server restart.
 func (w *WorkerHandle) reregister(ctx context.Context, c *conn.Conn) error {
-	w.regMu.Lock()
-	defer w.regMu.Unlock()
+	if err := w.lockReg(ctx); err != nil {
+		return err
+	}
+	defer w.unlockReg()
 	w.mu.Lock()
 	regions := slices.Clone(w.regions)
 	w.mu.Unlock()
@@ -204,8 +208,16 @@ func (w *WorkerHandle) registerBuffer(ctx context.Context, name string, b Buffer
 			return fmt.Errorf("host memory at %#x (%d bytes) does not lie in a HostBuffer: the server can only map memfd-backed memory from NewHostBuffer", b.Ptr, b.Size)
 		}
 	}
-	w.regMu.Lock()
-	defer w.regMu.Unlock()
+	if _, err := w.link.current(); err != nil { // fail fast while reconnecting
+		return err
+	}
+	if err := w.lockReg(ctx); err != nil {
+		return err
+	}
+	defer w.unlockReg()
+	if w.isClosed() {
+		return ErrClosed
+	}
 	c, err := w.link.current()
 	if err != nil {
 		return err
@@ -232,6 +244,18 @@ func (w *WorkerHandle) registerBuffer(ctx context.Context, name string, b Buffer
 	w.addRegion(&memRegion{names: []string{name}, base: hb.base(), size: hb.mappedSize(), loc: LocationHost, host: hb})
 	return nil
 }
+
+// lockReg takes the registration lock, or gives up when ctx ends.
+func (w *WorkerHandle) lockReg(ctx context.Context) error {
+	select {
+	case w.regSem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for another registration: %w", ctx.Err())
+	}
+}
+
+func (w *WorkerHandle) unlockReg() { <-w.regSem }
 
 func (w *WorkerHandle) addRegion(r *memRegion) {
 	w.mu.Lock()
@@ -342,7 +366,7 @@ func (w *WorkerHandle) Wait(ctx context.Context, job *TransferJob) error {
 		case <-ctx.Done():
 			timer.Stop()
 			if job.ended() || w.failIfQueued(job) {
-				return ctx.Err()
+				return nil // it ended: the buffers are free
 			}
 			return fmt.Errorf("%w: %s job of %d keys still running: %w", ErrBuffersInUse, job.kind, len(job.plans), ctx.Err())
 		case <-timer.C:
@@ -394,6 +418,7 @@ func (w *WorkerHandle) cancelQueued(job *TransferJob, reason string) bool {
 	}
 	job.cancel(reason)
 	w.forget(job)
+	w.stats.failed.Add(1)
 	return true
 }
 
@@ -405,6 +430,7 @@ func (w *WorkerHandle) failIfQueued(job *TransferJob) bool {
 	}
 	job.failRest(TransferNotAttempted + ": queued behind a blocked UMBP standalone transfer")
 	w.forget(job)
+	w.stats.failed.Add(1)
 	return true
 }
 
@@ -438,8 +464,10 @@ func (w *WorkerHandle) isClosed() bool {
 	return w.closed
 }
 
-// Close releases the handle without ever hanging. Queued jobs are cancelled;
-// running ones get until their own deadlines. If any is still in flight
+// Close releases the handle without ever hanging: it returns within about
+// three times Timeout at worst (a registration under way, the running jobs'
+// deadlines, deregistration). Queued jobs are cancelled; running ones get
+// until their own deadlines. If any is still in flight
 // then, nothing is deregistered: every registered buffer is kept alive (a
 // HostBuffer refuses to close) and Close returns ErrBuffersAbandoned naming
 // them — the engine must not free that memory. Otherwise the handle
@@ -455,6 +483,13 @@ func (w *WorkerHandle) Close() error {
 	w.closed = true
 	w.mu.Unlock()
 	w.link.shutdown()
+	// A registration under way finishes (within Timeout) before the regions
+	// are taken; later ones see the handle closed.
+	regCtx, regCancel := context.WithTimeout(context.Background(), w.timeout)
+	if err := w.lockReg(regCtx); err == nil {
+		defer w.unlockReg()
+	}
+	regCancel()
 	w.mu.Lock()
 	jobs := make([]*TransferJob, 0, len(w.inflight))
 	for j := range w.inflight {
@@ -470,6 +505,7 @@ func (w *WorkerHandle) Close() error {
 	for _, j := range jobs {
 		if f := j.fut(); f != nil && f.Cancelled() {
 			j.cancel("handle closed")
+			w.stats.failed.Add(1)
 			continue
 		}
 		started, dl := j.runState()
@@ -547,13 +583,15 @@ func (w *WorkerHandle) abandon(reason string) error {
 	w.mu.Lock()
 	regions := w.regions
 	w.regions = nil
-	w.mu.Unlock()
 	var names []string
+	for _, r := range regions {
+		names = append(names, r.names...)
+	}
+	w.mu.Unlock()
 	for _, r := range regions {
 		if r.host != nil {
 			r.host.abandon()
 		}
-		names = append(names, r.names...)
 	}
 	w.stats.abandoned.Add(int64(len(names)))
 	abandoned.mu.Lock()

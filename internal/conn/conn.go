@@ -116,6 +116,7 @@ type Conn struct {
 	raw umbppb.UMBPStandaloneClient
 
 	closed    atomic.Bool
+	dials     atomic.Uint64 // transports opened, see Transports
 	closeOnce sync.Once
 	closeErr  error
 
@@ -252,8 +253,15 @@ func (c *Conn) dialGRPC(ctx context.Context, _ string) (net.Conn, error) {
 		}
 		return nil, err
 	}
+	c.dials.Add(1)
 	return nc, nil
 }
+
+// Transports returns how many transports the connection has opened. gRPC
+// redials on its own after a transport is lost, possibly to a new server
+// process at the same path: more than one means the server this
+// connection first reached may be gone, with its registrations.
+func (c *Conn) Transports() uint64 { return c.dials.Load() }
 
 // refusalLogEvery spaces the warnings about refused connections: gRPC
 // retries about once a second.
