@@ -371,3 +371,20 @@ func TestKilledServerEndsJobs(t *testing.T) {
 		}
 	}
 }
+
+// TestJobOwnsItsPlans: an engine may reuse its plan slice as soon as Load
+// returns; the job still reports its own keys and blocks.
+func TestJobOwnsItsPlans(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	a := newEngine(t, rt, 2, 8, 256)
+	stored := a.plans(t, "own", 0)
+	waitJob(t, a.w, a.w.Store(stored))
+	plans := append(a.plans(t, "own", 0), a.plans(t, "missing", 7)...)
+	job := a.w.Load(plans)
+	plans[1] = a.plans(t, "other", 3)[0] // reused at once
+	waitJob(t, a.w, job)
+	if fmt.Sprint(job.FailedKeys()) != "[missing-7]" || fmt.Sprint(job.FailedBlockIDs()) != "[7]" {
+		t.Fatalf("job reports failed keys %v blocks %v", job.FailedKeys(), job.FailedBlockIDs())
+	}
+}
