@@ -205,6 +205,12 @@ func (w *WorkerHandle) run(job *TransferJob, c *conn.Conn, items []item, ranged 
 	} else {
 		results, err = w.fallbackBatch(ctx, c, job.kind, items)
 	}
+	if errors.Is(err, conn.ErrUnavailable) {
+		// The transport failed, not necessarily the server: a server that
+		// lives on may still be copying. The job keeps its buffers (and,
+		// past its deadline, counts as blocked) until that process exits.
+		_ = c.WaitPeersGone(context.Background())
+	}
 	errText := ""
 	if err != nil {
 		errText = err.Error()

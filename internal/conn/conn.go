@@ -117,6 +117,7 @@ type Conn struct {
 
 	closed    atomic.Bool
 	dials     atomic.Uint64 // transports opened, see Transports
+	peers     peers         // the server processes behind them
 	closeOnce sync.Once
 	closeErr  error
 
@@ -254,6 +255,7 @@ func (c *Conn) dialGRPC(ctx context.Context, _ string) (net.Conn, error) {
 		return nil, err
 	}
 	c.dials.Add(1)
+	c.peers.add(nc.(*net.UnixConn))
 	return nc, nil
 }
 
@@ -403,6 +405,7 @@ func (c *Conn) Close() error {
 		if err := c.cc.Close(); err != nil {
 			c.closeErr = fmt.Errorf("umbp: close %s: %w", c.endpoint, err)
 		}
+		c.peers.close()
 	})
 	return c.closeErr
 }

@@ -1,0 +1,45 @@
+package conn
+
+import (
+	"context"
+	"errors"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestWaitPeersGone: a connection waits for the server process behind its
+// transports to exit, and not before.
+func TestWaitPeersGone(t *testing.T) {
+	requireRoot(t) // the server process runs as another uid
+	f := startForeign(t, worldDir(t))
+	c := dial(t, f.endpoint, quiet, func(o *Options) { o.TrustedUIDs = []int{foreignUID} })
+	if c.Transports() != 1 {
+		t.Fatalf("Transports = %d after Dial, want 1", c.Transports())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := c.WaitPeersGone(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitPeersGone with the server alive = %v", err)
+	}
+	if err := syscall.Kill(f.pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.WaitPeersGone(ctx); err != nil {
+		t.Fatalf("WaitPeersGone after the server died = %v", err)
+	}
+}
+
+// TestWaitPeersGoneInProcess: a server in this very process cannot be
+// waited for; the wait returns at once.
+func TestWaitPeersGoneInProcess(t *testing.T) {
+	f := startFake(t)
+	c := dial(t, f.endpoint, quiet)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := c.WaitPeersGone(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
