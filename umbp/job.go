@@ -95,6 +95,20 @@ type TransferJob struct {
 	deadline time.Time
 	// conn is the connection the transfer uses, set at submission.
 	conn *conn.Conn
+	// dropped releases what the transfer would have released had it run
+	// (an AfterStream event); called when it is cancelled before running.
+	dropped func()
+}
+
+// drop runs the job's release for a transfer that will never run.
+func (j *TransferJob) drop() {
+	j.mu.Lock()
+	f := j.dropped
+	j.dropped = nil
+	j.mu.Unlock()
+	if f != nil {
+		f()
+	}
 }
 
 func newJob(kind jobKind, plans []BlockTransferPlan) *TransferJob {

@@ -92,6 +92,9 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 			}
 		}()
 		job.markRunning(w.timeout)
+		job.mu.Lock()
+		job.dropped = nil // it runs: the barrier is its own
+		job.mu.Unlock()
 		if barrier != nil {
 			if err := barrier(); err != nil {
 				job.failRest(TransferNotAttempted + ": waiting for the engine's stream: " + err.Error())
@@ -101,7 +104,15 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 		w.run(job, c, items, ranged)
 		return nil, nil
 	})
+	var dropped func()
+	if barrier != nil {
+		// The barrier destroys its event once the stream reached it.
+		dropped = func() { go func() { _ = barrier() }() }
+	}
 	if err != nil {
+		if dropped != nil {
+			dropped()
+		}
 		w.refuse(job, refusedClosed)
 		return job
 	}
@@ -109,6 +120,7 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 	job.mu.Lock()
 	job.future = f
 	job.conn = c
+	job.dropped = dropped
 	job.mu.Unlock()
 	w.inflight[job] = struct{}{}
 	return job

@@ -417,6 +417,7 @@ func (w *WorkerHandle) cancelQueued(job *TransferJob, reason string) bool {
 		return false
 	}
 	job.cancel(reason)
+	job.drop()
 	w.forget(job)
 	w.stats.failed.Add(1)
 	return true
@@ -429,6 +430,7 @@ func (w *WorkerHandle) failIfQueued(job *TransferJob) bool {
 		return false
 	}
 	job.failRest(TransferNotAttempted + ": queued behind a blocked UMBP standalone transfer")
+	job.drop()
 	w.forget(job)
 	w.stats.failed.Add(1)
 	return true
@@ -505,6 +507,7 @@ func (w *WorkerHandle) Close() error {
 	for _, j := range jobs {
 		if f := j.fut(); f != nil && f.Cancelled() {
 			j.cancel("handle closed")
+			j.drop()
 			w.stats.failed.Add(1)
 			continue
 		}
