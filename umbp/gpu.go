@@ -163,7 +163,7 @@ func AfterStream(device int, stream uintptr) TransferOption {
 
 // streamBarrier records the AfterStream event, if any, and returns what the
 // transfer calls before it reads: wait for the event, then destroy it. A
-// job that never runs (cancelled while queued) leaves its event behind.
+// job that never runs calls it on a goroutine of its own (TransferJob.drop).
 func (w *WorkerHandle) streamBarrier(o transferOptions) (func() error, error) {
 	if o.stream == nil {
 		return nil, nil
