@@ -251,16 +251,28 @@ func (j *TransferJob) setLocked(i int, err string) {
 	}
 }
 
-// failRest fails every plan without an outcome with err.
-func (j *TransferJob) failRest(err string) {
+// failRest fails every plan without an outcome with err; it reports
+// whether that ended the job.
+func (j *TransferJob) failRest(err string) bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	if j.status.ended() {
+		return false
+	}
 	for i := range j.outcomes {
 		j.setLocked(i, err)
 	}
 	if j.left == 0 && !j.status.ended() { // a job of no plans
 		j.finishLocked()
 	}
+	return j.status.ended()
+}
+
+// connection returns the connection the job was submitted on.
+func (j *TransferJob) connection() *conn.Conn {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.conn
 }
 
 // finishLocked settles the status once every plan has an outcome.
@@ -275,16 +287,17 @@ func (j *TransferJob) finishLocked() {
 	close(j.done)
 }
 
-// cancel ends a job that never started.
-func (j *TransferJob) cancel(reason string) {
+// cancel ends a job that never started; it reports whether it ended it.
+func (j *TransferJob) cancel(reason string) bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.status.ended() {
-		return
+		return false
 	}
 	j.status = JobCancelled
 	j.reason = reason
 	close(j.done)
+	return true
 }
 
 // markRunning records when the transfer started and returns its deadline.
@@ -317,16 +330,6 @@ func (j *TransferJob) ended() bool {
 	default:
 		return false
 	}
-}
-
-// settled reports whether the job's transfer holds no buffers any more: it
-// ended, or its transfer goroutine returned.
-func (j *TransferJob) settled() bool {
-	if j.ended() {
-		return true
-	}
-	f := j.fut()
-	return f != nil && isDone(f)
 }
 
 var errJobNotCompleted = errors.New("umbp: cannot publish a job that is not COMPLETED")

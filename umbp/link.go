@@ -146,7 +146,11 @@ func (l *link) watch(c *conn.Conn) context.CancelFunc {
 		if c.State() == connectivity.Ready && !c.WaitForStateChange(ctx, connectivity.Ready) {
 			return // replaced or shut down
 		}
-		l.broken.Store(c)
+		l.mu.Lock()
+		if l.c == c { // not already replaced
+			l.broken.Store(c)
+		}
+		l.mu.Unlock()
 		l.kick()
 	}()
 	return cancel

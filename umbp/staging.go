@@ -41,6 +41,12 @@ func (s *stagingPool) get(c *conn.Conn, size uint64) (*HostBuffer, error) {
 	s.count++
 	n := s.count
 	s.mu.Unlock()
+	if s.w.isClosed() {
+		return nil, ErrClosed
+	}
+	if cur, err := s.w.link.current(); err != nil || cur != c {
+		return nil, fmt.Errorf("staging buffer: %w", errReconnecting)
+	}
 
 	want := max(size, stagingMin)
 	b, err := NewHostBuffer(int(want))
@@ -128,7 +134,13 @@ func (w *WorkerHandle) stageChunk(ctx context.Context, c *conn.Conn, kind jobKin
 	if err != nil {
 		return err
 	}
-	defer w.staging.put(buf)
+	defer func() {
+		// A transport that failed under the call may leave the server
+		// still copying: such a buffer is never used again.
+		if !errors.Is(err, conn.ErrUnavailable) {
+			w.staging.put(buf)
+		}
+	}()
 	stage := buf.mem
 	keys := make([]string, len(idx))
 	segs := make([]conn.Segment, len(idx))

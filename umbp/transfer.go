@@ -58,37 +58,55 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 		w.refuseBlocked(job, n)
 		return job
 	}
+	// The AfterStream event is recorded before the lock: a driver call
+	// must not hold up the handle.
+	barrier, err := w.streamBarrier(o)
+	if err != nil {
+		w.refuse(job, TransferNotAttempted+": "+err.Error())
+		return job
+	}
+	var dropped func()
+	if barrier != nil {
+		// The barrier destroys its event once the stream reached it.
+		dropped = func() { go func() { _ = barrier() }() }
+	}
+	refuse := func(reason string) *TransferJob {
+		if dropped != nil {
+			dropped()
+		}
+		w.refuse(job, reason)
+		return job
+	}
 	// The connection is read, and the job queued, under the lock: a
 	// connection being replaced then either gets this job counted among its
 	// users or is not the one it uses.
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
-		w.refuse(job, refusedClosed)
-		return job
+		return refuse(refusedClosed)
 	}
 	c, err := w.link.current()
 	if err != nil {
-		w.refuse(job, TransferNotAttempted+": "+err.Error())
-		return job
+		return refuse(TransferNotAttempted + ": " + err.Error())
 	}
 	ranged := c.Capabilities().RangedIO
 	items := w.resolvePlansLocked(job, ranged)
 	if len(items) == 0 {
+		if dropped != nil {
+			dropped()
+		}
 		w.stats.refused.Add(1) // every plan failed already
 		return job
 	}
-	barrier, err := w.streamBarrier(o)
-	if err != nil {
-		w.refuse(job, TransferNotAttempted+": "+err.Error())
-		return job
-	}
+	job.mu.Lock()
+	job.conn = c
+	job.dropped = dropped
+	job.mu.Unlock()
 	f, err := w.pool.Submit(func() (any, error) {
-		defer w.forget(job)
-		defer w.account(job, items)
+		detached := false
 		defer func() {
-			if !job.ended() { // a panic: nothing of ours is in flight now
-				job.failRest("internal error in the UMBP transfer")
+			if !detached {
+				w.finish(job, items)
 			}
 		}()
 		job.markRunning(w.timeout)
@@ -101,29 +119,39 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 				return nil, nil
 			}
 		}
-		w.run(job, c, items, ranged)
+		if settle := w.run(job, c, items, ranged); settle != nil {
+			// The transport failed, not necessarily the server: one that
+			// lives on may still be copying. The job keeps its buffers
+			// until that process has exited; the transfer goroutine goes
+			// back to the pool meanwhile.
+			detached = true
+			go func() {
+				defer w.finish(job, items)
+				_ = c.WaitPeersGone(context.Background())
+				settle()
+			}()
+		}
 		return nil, nil
 	})
-	var dropped func()
-	if barrier != nil {
-		// The barrier destroys its event once the stream reached it.
-		dropped = func() { go func() { _ = barrier() }() }
-	}
 	if err != nil {
-		if dropped != nil {
-			dropped()
-		}
-		w.refuse(job, refusedClosed)
-		return job
+		return refuse(refusedClosed)
 	}
 	w.stats.submitted.Add(1)
 	job.mu.Lock()
 	job.future = f
-	job.conn = c
-	job.dropped = dropped
 	job.mu.Unlock()
 	w.inflight[job] = struct{}{}
 	return job
+}
+
+// finish ends a job whose transfer is over, whatever happened (a panic
+// included: nothing of the job's is in flight then), and counts it.
+func (w *WorkerHandle) finish(job *TransferJob, items []item) {
+	if !job.ended() {
+		job.failRest("internal error in the UMBP transfer")
+	}
+	w.account(job, items)
+	w.forget(job)
 }
 
 // refuseBlocked refuses a job while n transfers are blocked.
@@ -207,8 +235,10 @@ func (w *WorkerHandle) resolvePlansLocked(job *TransferJob, ranged bool) []item 
 }
 
 // run performs the job's transfer on a transfer goroutine. Its RPCs carry
-// no deadline: the server uses the buffers until it answers.
-func (w *WorkerHandle) run(job *TransferJob, c *conn.Conn, items []item, ranged bool) {
+// no deadline: the server uses the buffers until it answers. When the
+// transport failed under an RPC, run returns what settles the job, to be
+// called once the server process is known to be gone; otherwise nil.
+func (w *WorkerHandle) run(job *TransferJob, c *conn.Conn, items []item, ranged bool) (settle func()) {
 	ctx := context.Background()
 	var results []bool
 	var err error
@@ -216,12 +246,6 @@ func (w *WorkerHandle) run(job *TransferJob, c *conn.Conn, items []item, ranged 
 		results, err = w.rangedBatch(ctx, c, job.kind, items)
 	} else {
 		results, err = w.fallbackBatch(ctx, c, job.kind, items)
-	}
-	if errors.Is(err, conn.ErrUnavailable) {
-		// The transport failed, not necessarily the server: a server that
-		// lives on may still be copying. The job keeps its buffers (and,
-		// past its deadline, counts as blocked) until that process exits.
-		_ = c.WaitPeersGone(context.Background())
 	}
 	errText := ""
 	if err != nil {
@@ -232,7 +256,24 @@ func (w *WorkerHandle) run(job *TransferJob, c *conn.Conn, items []item, ranged 
 		w.logFailure(job.kind.String(), err)
 		w.link.failed(err)
 	}
-	if job.kind == kindStore && !errors.Is(err, conn.ErrUnavailable) {
+	outcomes := func() {
+		for k, it := range items {
+			switch {
+			case results[k]:
+				job.setOutcome(it.idx, "")
+			case errText != "":
+				job.setOutcome(it.idx, errText)
+			case job.kind == kindLoad:
+				job.setOutcome(it.idx, fmt.Sprintf("key %q is not in the pool (or its size differs)", it.obj.Key))
+			default:
+				job.setOutcome(it.idx, fmt.Sprintf("server refused to store key %q", it.obj.Key))
+			}
+		}
+	}
+	if errors.Is(err, conn.ErrUnavailable) {
+		return outcomes
+	}
+	if job.kind == kindStore {
 		_, deadline := job.runState()
 		w.retryStores(ctx, c, items, results, ranged, deadline)
 		if ok, ferr := c.Flush(ctx); ferr != nil || !ok {
@@ -241,21 +282,11 @@ func (w *WorkerHandle) run(job *TransferJob, c *conn.Conn, items []item, ranged 
 				msg += ": " + ferr.Error()
 			}
 			job.failRest(msg)
-			return
+			return nil
 		}
 	}
-	for k, it := range items {
-		switch {
-		case results[k]:
-			job.setOutcome(it.idx, "")
-		case errText != "":
-			job.setOutcome(it.idx, errText)
-		case job.kind == kindLoad:
-			job.setOutcome(it.idx, fmt.Sprintf("key %q is not in the pool (or its size differs)", it.obj.Key))
-		default:
-			job.setOutcome(it.idx, fmt.Sprintf("server refused to store key %q", it.obj.Key))
-		}
-	}
+	outcomes()
+	return nil
 }
 
 // retryStores retries each refused key on its own, after a Flush and a

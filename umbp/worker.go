@@ -146,7 +146,7 @@ func (w *WorkerHandle) replaced(old *conn.Conn) {
 	w.mu.Unlock()
 	go func() {
 		for _, j := range on {
-			<-j.fut().Done()
+			<-j.done
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
 		defer cancel()
@@ -416,10 +416,11 @@ func (w *WorkerHandle) cancelQueued(job *TransferJob, reason string) bool {
 	if f == nil || !f.Cancel() {
 		return false
 	}
-	job.cancel(reason)
+	if job.cancel(reason) {
+		w.stats.failed.Add(1)
+	}
 	job.drop()
 	w.forget(job)
-	w.stats.failed.Add(1)
 	return true
 }
 
@@ -429,10 +430,11 @@ func (w *WorkerHandle) failIfQueued(job *TransferJob) bool {
 	if f == nil || !f.Cancel() {
 		return false
 	}
-	job.failRest(TransferNotAttempted + ": queued behind a blocked UMBP standalone transfer")
+	if job.failRest(TransferNotAttempted + ": queued behind a blocked UMBP standalone transfer") {
+		w.stats.failed.Add(1)
+	}
 	job.drop()
 	w.forget(job)
-	w.stats.failed.Add(1)
 	return true
 }
 
@@ -442,7 +444,9 @@ func (w *WorkerHandle) forget(job *TransferJob) {
 	w.mu.Unlock()
 }
 
-// blockedCount counts transfers running past their deadline.
+// blockedCount counts transfers running past their deadline on the
+// current connection. One still on a replaced connection keeps its own
+// buffers, but holds nothing up on the new server.
 func (w *WorkerHandle) blockedCount() int {
 	w.mu.Lock()
 	jobs := make([]*TransferJob, 0, len(w.inflight))
@@ -450,10 +454,11 @@ func (w *WorkerHandle) blockedCount() int {
 		jobs = append(jobs, j)
 	}
 	w.mu.Unlock()
+	cur := w.link.conn()
 	now := time.Now()
 	n := 0
 	for _, j := range jobs {
-		if started, dl := j.runState(); started && !now.Before(dl) && !j.settled() {
+		if started, dl := j.runState(); started && !now.Before(dl) && !j.ended() && j.connection() == cur {
 			n++
 		}
 	}
@@ -489,7 +494,7 @@ func (w *WorkerHandle) Close() error {
 	// are taken; later ones see the handle closed.
 	regCtx, regCancel := context.WithTimeout(context.Background(), w.timeout)
 	if err := w.lockReg(regCtx); err == nil {
-		defer w.unlockReg()
+		w.unlockReg() // every later holder sees the handle closed
 	}
 	regCancel()
 	w.mu.Lock()
@@ -506,9 +511,10 @@ func (w *WorkerHandle) Close() error {
 	var running []*TransferJob
 	for _, j := range jobs {
 		if f := j.fut(); f != nil && f.Cancelled() {
-			j.cancel("handle closed")
+			if j.cancel("handle closed") {
+				w.stats.failed.Add(1)
+			}
 			j.drop()
-			w.stats.failed.Add(1)
 			continue
 		}
 		started, dl := j.runState()
@@ -525,12 +531,10 @@ func (w *WorkerHandle) Close() error {
 		select {
 		case <-j.done:
 			continue
-		case <-j.fut().Done():
-			continue
 		case <-timer.C:
 			timer.Reset(0)
 		}
-		if !j.settled() {
+		if !j.ended() {
 			inFlight++
 		}
 	}
@@ -539,7 +543,7 @@ func (w *WorkerHandle) Close() error {
 		// closing it would not stop the server from using their buffers.
 		go func() {
 			for _, j := range running {
-				<-j.fut().Done()
+				<-j.done
 			}
 			_ = c.Close()
 		}()

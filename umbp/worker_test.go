@@ -388,3 +388,28 @@ func TestJobOwnsItsPlans(t *testing.T) {
 		t.Fatalf("job reports failed keys %v blocks %v", job.FailedKeys(), job.FailedBlockIDs())
 	}
 }
+
+// TestCloseWhileStaging: Close does not keep the registration lock, so a
+// running store that needs a staging buffer finishes, and Close abandons
+// nothing.
+func TestCloseWhileStaging(t *testing.T) {
+	srv := newServer(t, umbptest.Options{Version: 1})
+	cfg := testConfig(t, srv.Endpoint())
+	cfg.NumWorkers = 1
+	rt := newRuntime(t, cfg)
+	e := newEngine(t, rt, 2, 8, 4096)
+	multi := e.plans(t, "m", 1) // two ranges: staged
+	single := e.plans(t, "s", 2)
+	single[0].Ranges = single[0].Ranges[:1]
+	srv.Stall()
+	job := e.w.Store(append(single, multi...))
+	waitCalls(t, srv, "BatchPut", 1)
+	errc := make(chan error, 1)
+	go func() { errc <- e.w.Close() }()
+	time.Sleep(300 * time.Millisecond) // Close has begun
+	srv.Resume()
+	if err := <-errc; err != nil {
+		t.Fatalf("Close = %v, want nil: nothing was left in the server", err)
+	}
+	<-job.Done()
+}
