@@ -89,6 +89,10 @@ type link struct {
 	mu    sync.Mutex
 	c     *conn.Conn
 	ident sockIdent
+	// dials is c's transport count when it was attached: a transport
+	// opened during the dial (one that timed out in the handshake, say) is
+	// no sign of a new server; one opened later is.
+	dials uint64
 
 	state      atomic.Int32 // HandleState
 	reconnects atomic.Uint64
@@ -130,7 +134,7 @@ func newLink(ctx context.Context, rt *StandaloneRuntime, attach func(context.Con
 			return nil, err
 		}
 	}
-	l.c, l.ident = c, ident
+	l.c, l.ident, l.dials = c, ident, c.Transports()
 	l.unwatch = l.watch(c)
 	go l.supervise()
 	return l, nil
@@ -141,10 +145,19 @@ func newLink(ctx context.Context, rt *StandaloneRuntime, attach func(context.Con
 func (l *link) watch(c *conn.Conn) context.CancelFunc {
 	ctx, cancel := context.WithCancel(l.stopCtx)
 	go func() {
-		// Any change away from READY counts, even if gRPC has redialled by
-		// the time we look again.
-		if c.State() == connectivity.Ready && !c.WaitForStateChange(ctx, connectivity.Ready) {
-			return // replaced or shut down
+		// The channel's state can lag behind the call that proved it
+		// working: let a CONNECTING at the start settle first.
+		s := c.State()
+		for s == connectivity.Connecting {
+			if !c.WaitForStateChange(ctx, s) {
+				return // replaced or shut down
+			}
+			s = c.State()
+		}
+		// Then any change away from READY counts, even if gRPC has
+		// redialled by the time we look again.
+		if s == connectivity.Ready && !c.WaitForStateChange(ctx, connectivity.Ready) {
+			return
 		}
 		l.mu.Lock()
 		if l.c == c { // not already replaced
@@ -239,9 +252,9 @@ func (l *link) supervise() {
 func (l *link) lost() bool {
 	ident, err := statIdent(l.path)
 	l.mu.Lock()
-	old, c := l.ident, l.c
+	old, c, dials := l.ident, l.c, l.dials
 	l.mu.Unlock()
-	return err != nil || ident != old || l.broken.Load() == c || c.Transports() > 1
+	return err != nil || ident != old || l.broken.Load() == c || c.Transports() > dials
 }
 
 // reattach dials the server anew and runs the attach hook on the new
@@ -279,7 +292,7 @@ func (l *link) reattach() error {
 		return ErrClosed
 	}
 	old := l.c
-	l.c, l.ident = c, ident
+	l.c, l.ident, l.dials = c, ident, c.Transports()
 	l.unwatch()
 	l.unwatch = l.watch(c)
 	l.mu.Unlock()
