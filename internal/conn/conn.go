@@ -305,6 +305,13 @@ func (c *Conn) waitReady(ctx context.Context, startup time.Duration) (Capabiliti
 		case !resp.GetReady():
 			last = errors.New("server answered ready=false")
 		default:
+			// The channel's state lags the call that just went through:
+			// let it catch up, so that State is READY once Dial returns.
+			for s := c.cc.GetState(); s == connectivity.Connecting || s == connectivity.Idle; s = c.cc.GetState() {
+				if !c.cc.WaitForStateChange(sctx, s) {
+					break
+				}
+			}
 			return capsOf(resp), nil
 		}
 		c.log.Debug("umbp: waiting for the server", "attempt", attempt, "err", last)

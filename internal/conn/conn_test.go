@@ -206,7 +206,8 @@ func TestDialNotReadyTimesOut(t *testing.T) {
 		}
 		return nil, nil
 	})
-	_, err := Dial(context.Background(), Options{Endpoint: f.endpoint, StartupTimeout: 300 * time.Millisecond})
+	// Long enough for a Ping to get through on a loaded machine.
+	_, err := Dial(context.Background(), Options{Endpoint: f.endpoint, StartupTimeout: 2 * time.Second})
 	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "ready=false") {
 		t.Fatalf("error %v", err)
 	}
