@@ -92,17 +92,25 @@ func rangedSpans(req *umbppb.BatchRangeDataRequest) []span {
 	return spans
 }
 
+// resolveRanged checks a ranged batch's shape and resolves every range it
+// names; a batch that fails either is all-false. On success the caller
+// releases the lease.
+func (s *Server) resolveRanged(req *umbppb.BatchRangeDataRequest, put bool) (starts []int, locs []loc, l *lease, ok bool) {
+	starts, ok = rangedShape(req, put)
+	if !ok || len(req.GetKeys()) == 0 {
+		return nil, nil, nil, false
+	}
+	spans := rangedSpans(req)
+	locs = make([]loc, len(spans))
+	l, ok = s.regs.resolve(req.GetClientId(), spans, true, locs)
+	return starts, locs, l, ok
+}
+
 // batchPutRanges serves BatchPutRanges (see PROTOCOL.md, "Ranged calls").
 func (s *Server) batchPutRanges(req *umbppb.BatchRangeDataRequest) []bool {
 	keys := req.GetKeys()
 	res := make([]bool, len(keys))
-	starts, ok := rangedShape(req, true)
-	if !ok || len(keys) == 0 {
-		return res
-	}
-	spans := rangedSpans(req)
-	locs := make([]loc, len(spans))
-	l, ok := s.regs.resolve(req.GetClientId(), spans, true, locs)
+	starts, locs, l, ok := s.resolveRanged(req, true)
 	if !ok {
 		return res
 	}
@@ -149,13 +157,7 @@ func (s *Server) batchPutRanges(req *umbppb.BatchRangeDataRequest) []bool {
 func (s *Server) batchGetRanges(req *umbppb.BatchRangeDataRequest) []bool {
 	keys := req.GetKeys()
 	res := make([]bool, len(keys))
-	starts, ok := rangedShape(req, false)
-	if !ok || len(keys) == 0 {
-		return res
-	}
-	spans := rangedSpans(req)
-	locs := make([]loc, len(spans))
-	l, ok := s.regs.resolve(req.GetClientId(), spans, true, locs)
+	starts, locs, l, ok := s.resolveRanged(req, false)
 	if !ok {
 		return res
 	}
