@@ -247,22 +247,37 @@ func (w *WorkerHandle) run(job *TransferJob, c *conn.Conn, items []item, ranged 
 	} else {
 		results, err = w.fallbackBatch(ctx, c, job.kind, items)
 	}
-	errText := ""
 	if err != nil {
-		errText = err.Error()
-		if errors.Is(err, conn.ErrInvalidArgument) || errors.Is(err, conn.ErrClosed) {
-			errText = TransferNotAttempted + ": " + errText // refused before sending
-		}
 		w.logFailure(job.kind.String(), err)
 		w.link.failed(err)
 	}
+	// keyErr is the error of item k: on the ranged path a batch split at the
+	// message limit says which part failed; otherwise the error is the
+	// batch's.
+	keyErr := func(k int) string {
+		e := err
+		if ranged {
+			e = conn.ErrFor(err, k)
+		}
+		switch {
+		case e == nil:
+			return ""
+		case errors.Is(e, conn.ErrInvalidArgument) || errors.Is(e, conn.ErrClosed):
+			return TransferNotAttempted + ": " + e.Error() // refused before sending
+		}
+		return e.Error()
+	}
 	outcomes := func() {
 		for k, it := range items {
+			msg := ""
+			if !results[k] {
+				msg = keyErr(k)
+			}
 			switch {
 			case results[k]:
 				job.setOutcome(it.idx, "")
-			case errText != "":
-				job.setOutcome(it.idx, errText)
+			case msg != "":
+				job.setOutcome(it.idx, msg)
 			case job.kind == kindLoad:
 				job.setOutcome(it.idx, fmt.Sprintf("key %q is not in the pool (or its size differs)", it.obj.Key))
 			default:

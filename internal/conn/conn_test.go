@@ -1001,6 +1001,21 @@ func TestWrongLengthAndChunkFailures(t *testing.T) {
 			if want := ci != 1 && ci != 2; got[i] != want {
 				t.Fatalf("result %d (chunk %d) = %v", i, ci, got[i])
 			}
+			// Each entry's error is its own chunk's.
+			switch e := ErrFor(err, i); ci {
+			case 1:
+				if !errors.Is(e, ErrBadReply) || status.Code(e) == codes.Internal {
+					t.Fatalf("ErrFor(%d) in the short-reply chunk = %v", i, e)
+				}
+			case 2:
+				if status.Code(e) != codes.Internal {
+					t.Fatalf("ErrFor(%d) in the failed chunk = %v", i, e)
+				}
+			default:
+				if e != nil {
+					t.Fatalf("ErrFor(%d) in an answered chunk = %v", i, e)
+				}
+			}
 			i++
 		}
 	}

@@ -3,6 +3,8 @@ package conn
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 
 	"google.golang.org/protobuf/encoding/protowire"
 )
@@ -65,29 +67,77 @@ func split(op string, n, fixed int, cost func(i int) int) ([]span, error) {
 func (c *Conn) runSpans(ctx context.Context, op string, n int, spans []span,
 	call func(context.Context, span) ([]bool, error)) ([]bool, error) {
 	out := make([]bool, n)
-	var errs []error
-	for _, s := range spans {
+	var failed []SpanError
+	for i, s := range spans {
 		got, err := call(ctx, s)
 		if err != nil {
-			errs = append(errs, err)
+			failed = append(failed, SpanError{Start: s.start, End: s.end, Err: err})
 			if ctx.Err() != nil || c.closed.Load() {
+				// The rest were never sent.
+				for _, r := range spans[i+1:] {
+					failed = append(failed, SpanError{Start: r.start, End: r.end, Err: err})
+				}
 				break
 			}
 			continue
 		}
 		if len(got) != s.len() {
-			errs = append(errs, badReply(op, "%d results for %d keys", len(got), s.len()))
+			failed = append(failed, SpanError{Start: s.start, End: s.end, Err: badReply(op, "%d results for %d keys", len(got), s.len())})
 			continue
 		}
 		copy(out[s.start:], got)
 	}
-	return out, joinErrors(errs)
+	switch {
+	case len(failed) == 0:
+		return out, nil
+	case len(spans) == 1:
+		return out, failed[0].Err
+	}
+	return out, &BatchError{Spans: failed}
 }
 
-// joinErrors returns nil, the only error, or all of them joined.
-func joinErrors(errs []error) error {
-	if len(errs) == 1 {
-		return errs[0]
-	}
-	return errors.Join(errs...)
+// SpanError is the failure of the entries [Start, End) of a split batch.
+type SpanError struct {
+	Start, End int
+	Err        error
 }
+
+// BatchError reports a split batch whose requests failed in part: each
+// failed span with its error. The entries of the spans not listed were
+// answered. errors.Is and errors.As see every span's error.
+type BatchError struct {
+	Spans []SpanError
+}
+
+func (e *BatchError) Error() string {
+	parts := make([]string, len(e.Spans))
+	for i, s := range e.Spans {
+		parts[i] = fmt.Sprintf("entries %d-%d: %v", s.Start, s.End-1, s.Err)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Unwrap returns every span's error.
+func (e *BatchError) Unwrap() []error {
+	errs := make([]error, len(e.Spans))
+	for i, s := range e.Spans {
+		errs[i] = s.Err
+	}
+	return errs
+}
+
+// ErrFor returns the error of entry i, or nil if its span was answered.
+// It also works on a plain error, which then applies to every entry.
+func ErrFor(err error, i int) error {
+	var be *BatchError
+	if !errors.As(err, &be) {
+		return err
+	}
+	for _, s := range be.Spans {
+		if i >= s.Start && i < s.End {
+			return s.Err
+		}
+	}
+	return nil
+}
+
