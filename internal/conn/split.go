@@ -140,4 +140,3 @@ func ErrFor(err error, i int) error {
 	}
 	return nil
 }
-
