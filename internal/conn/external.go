@@ -32,9 +32,16 @@ type HitCount struct {
 	Total uint64
 }
 
-// hashSpans validates hashes and splits them to fit the message limit
-// beside a client id and a few small fields.
+// hashSpans checks that the Conn is usable, validates hashes and splits
+// them to fit the message limit beside a client id and a few small fields.
+// An empty list is one empty span: the call still reaches the server.
 func (c *Conn) hashSpans(op string, hashes []string) ([]span, error) {
+	if err := c.usable(op); err != nil {
+		return nil, err
+	}
+	if len(hashes) == 0 {
+		return []span{{0, 0}}, nil
+	}
 	for i, h := range hashes {
 		if !utf8.ValidString(h) {
 			return nil, invalid(op, "hash %d (%q) is not valid UTF-8", i, h)
@@ -61,15 +68,9 @@ func (c *Conn) RevokeExternalKvBlocks(ctx context.Context, hashes []string, tier
 type mutateRPC = func(context.Context, *umbppb.StandaloneExternalKvMutationRequest, ...grpc.CallOption) (*umbppb.BoolResponse, error)
 
 func (c *Conn) mutateExternal(ctx context.Context, op string, hashes []string, tier umbppb.TierType, rpc mutateRPC) (bool, error) {
-	if err := c.usable(op); err != nil {
-		return false, err
-	}
 	spans, err := c.hashSpans(op, hashes)
 	if err != nil {
 		return false, err
-	}
-	if len(spans) == 0 {
-		spans = []span{{0, 0}} // an empty report still reaches the server
 	}
 	for _, s := range spans {
 		resp, err := rpc(ctx, &umbppb.StandaloneExternalKvMutationRequest{
@@ -108,15 +109,9 @@ func (c *Conn) RevokeAllExternalKvBlocksAtTier(ctx context.Context, tier umbppb.
 // when countAsHit. A split request's answers are merged per node and tier.
 func (c *Conn) MatchExternalKv(ctx context.Context, hashes []string, countAsHit bool) ([]ExternalKvMatch, error) {
 	const op = "MatchExternalKv"
-	if err := c.usable(op); err != nil {
-		return nil, err
-	}
 	spans, err := c.hashSpans(op, hashes)
 	if err != nil {
 		return nil, err
-	}
-	if len(spans) == 0 {
-		spans = []span{{0, 0}}
 	}
 	var out []ExternalKvMatch
 	type nodeKey struct{ id, peer string }
@@ -160,15 +155,9 @@ func (m *ExternalKvMatch) addTier(tier umbppb.TierType, hashes []string) {
 // in the server's order.
 func (c *Conn) GetExternalKvHitCounts(ctx context.Context, hashes []string) ([]HitCount, error) {
 	const op = "GetExternalKvHitCounts"
-	if err := c.usable(op); err != nil {
-		return nil, err
-	}
 	spans, err := c.hashSpans(op, hashes)
 	if err != nil {
 		return nil, err
-	}
-	if len(spans) == 0 {
-		spans = []span{{0, 0}}
 	}
 	var out []HitCount
 	for _, s := range spans {
