@@ -205,28 +205,26 @@ func (v *service) BatchGet(_ context.Context, req *umbppb.BatchDataRequest) (*um
 
 // BatchPutRanges stores objects gathered from ranges of client memory (v2).
 func (v *service) BatchPutRanges(_ context.Context, req *umbppb.BatchRangeDataRequest) (*umbppb.BatchBoolResponse, error) {
-	s := v.s
-	if s.version < 2 {
-		return nil, status.Error(codes.Unimplemented, "method BatchPutRanges not implemented")
-	}
-	if !s.ops.begin() {
-		return &umbppb.BatchBoolResponse{Ok: make([]bool, len(req.GetKeys()))}, nil
-	}
-	defer s.ops.end()
-	return &umbppb.BatchBoolResponse{Ok: s.batchPutRanges(req)}, nil
+	return v.ranged("BatchPutRanges", req, v.s.batchPutRanges)
 }
 
 // BatchGetRanges scatters ranges of stored objects to client memory (v2).
 func (v *service) BatchGetRanges(_ context.Context, req *umbppb.BatchRangeDataRequest) (*umbppb.BatchBoolResponse, error) {
+	return v.ranged("BatchGetRanges", req, v.s.batchGetRanges)
+}
+
+// ranged serves a v2 ranged batch with op: Unimplemented on a v1 server,
+// all-false while shutting down.
+func (v *service) ranged(method string, req *umbppb.BatchRangeDataRequest, op func(*umbppb.BatchRangeDataRequest) []bool) (*umbppb.BatchBoolResponse, error) {
 	s := v.s
 	if s.version < 2 {
-		return nil, status.Error(codes.Unimplemented, "method BatchGetRanges not implemented")
+		return nil, status.Error(codes.Unimplemented, "method "+method+" not implemented")
 	}
 	if !s.ops.begin() {
 		return &umbppb.BatchBoolResponse{Ok: make([]bool, len(req.GetKeys()))}, nil
 	}
 	defer s.ops.end()
-	return &umbppb.BatchBoolResponse{Ok: s.batchGetRanges(req)}, nil
+	return &umbppb.BatchBoolResponse{Ok: op(req)}, nil
 }
 
 // Exists reports whether key is stored; a missing key is ok=false with no text.
