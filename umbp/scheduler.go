@@ -18,8 +18,6 @@ var (
 	// deadline has not returned: the server is stalled, asking again would
 	// only queue behind it.
 	errUnanswered = errors.New("an earlier call to the server has not returned")
-	// errHandleClosed answers calls after Close.
-	errHandleClosed = errors.New("handle is closed")
 )
 
 // SchedulerHandle answers a scheduler's questions about which KV blocks the
@@ -108,7 +106,7 @@ func (h *SchedulerHandle) call(ctx context.Context, method string, fn func(conte
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
-		return nil, errHandleClosed
+		return nil, ErrClosed
 	}
 	// Read under h.mu: a replaced connection swaps the pool under h.mu
 	// after swapping the connection, so a call never runs on a new pool
@@ -190,9 +188,8 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 			break
 		}
 	}
-	out := make([]bool, len(keys))
 	if len(ask) == 0 {
-		return out
+		return h.misses(len(keys))
 	}
 	h.stats.lookups.Add(1)
 	v, err := h.call(ctx, "BatchExists", func(ctx context.Context, c *conn.Conn) (any, error) {
@@ -200,18 +197,16 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 	})
 	if err != nil {
 		h.logFailure("lookup", err)
-		h.stats.misses.Add(uint64(len(keys)))
-		return out
+		return h.misses(len(keys))
 	}
 	hits := v.([]bool)
 	if len(hits) != len(ask) {
 		h.logFailure("lookup", fmt.Errorf("%d results for %d keys", len(hits), len(ask)))
-		h.stats.misses.Add(uint64(len(keys)))
-		return out
+		return h.misses(len(keys))
 	}
-	if at == nil {
-		out = hits
-	} else {
+	out := hits
+	if at != nil {
+		out = make([]bool, len(keys))
 		for j, i := range at {
 			out[i] = hits[j]
 		}
@@ -225,6 +220,12 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 	h.stats.hits.Add(n)
 	h.stats.misses.Add(uint64(len(out)) - n)
 	return out
+}
+
+// misses answers n keys as absent, and counts them.
+func (h *SchedulerHandle) misses(n int) []bool {
+	h.stats.misses.Add(uint64(n))
+	return make([]bool, n)
 }
 
 // lookupKeyOK reports whether key can be sent in a lookup.
@@ -346,7 +347,7 @@ func (h *SchedulerHandle) logFailure(op string, err error) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		h.stats.failures.Add(1)
 	}
-	if errors.Is(err, errHandleClosed) || errors.Is(err, ErrClosed) || errors.Is(err, conn.ErrClosed) || !h.failures.allow() {
+	if errors.Is(err, ErrClosed) || errors.Is(err, conn.ErrClosed) || !h.failures.allow() {
 		return
 	}
 	h.log.Warn("UMBP standalone call failed; treating as a miss", "op", op, "endpoint", h.address, "err", err)

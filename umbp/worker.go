@@ -448,16 +448,12 @@ func (w *WorkerHandle) forget(job *TransferJob) {
 // current connection. One still on a replaced connection keeps its own
 // buffers, but holds nothing up on the new server.
 func (w *WorkerHandle) blockedCount() int {
-	w.mu.Lock()
-	jobs := make([]*TransferJob, 0, len(w.inflight))
-	for j := range w.inflight {
-		jobs = append(jobs, j)
-	}
-	w.mu.Unlock()
 	cur := w.link.conn()
 	now := time.Now()
 	n := 0
-	for _, j := range jobs {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for j := range w.inflight {
 		if started, dl := j.runState(); started && !now.Before(dl) && !j.ended() && j.connection() == cur {
 			n++
 		}
