@@ -63,6 +63,8 @@ if [ -z "${UMBP_CUDART_LIBRARY:-}" ] && [ -z "${UMBP_HIP_LIBRARY:-}" ] &&
 		fi
 	done
 fi
+say "   runtime libraries known to ldconfig: $(ldconfig -p 2>/dev/null | grep -Eo '/[^ ]*(libcudart|libcuda|libamdhip64)\.so[^ ]*' | tr '\n' ' ')"
+say "   runtime libraries under /usr/local: $(ls /usr/local/cuda*/lib64/libcudart.so.* /usr/local/nvidia/lib64/libcuda.so.* 2>/dev/null | tr '\n' ' ')"
 say "   UMBP_HIP_LIBRARY=${UMBP_HIP_LIBRARY:-} UMBP_CUDART_LIBRARY=${UMBP_CUDART_LIBRARY:-} LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
 
 passed=()
