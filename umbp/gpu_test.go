@@ -577,6 +577,7 @@ func scenarioBandwidth(t *testing.T, e gpuEnv) {
 		{fmt.Sprintf("1 job of %d objects, 1 range", objects), objects, 1},
 		{fmt.Sprintf("4 jobs of %d objects, 1 range", objects/4), objects / 4, 1},
 		{fmt.Sprintf("1 job of %d objects, 16 ranges", objects), objects, 16},
+		{fmt.Sprintf("1 job of %d objects, 128 ranges", objects), objects, 128},
 	} {
 		store, load := &row{name: "Store, " + v.name}, &row{name: "Load,  " + v.name}
 		for rep := -1; rep < reps; rep++ { // rep -1 warms up

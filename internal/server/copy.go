@@ -21,28 +21,85 @@ func safeCopy(dst, src []byte) (err error) {
 	return nil
 }
 
-// toPool copies n bytes at l into o at objOff.
-func (s *Server) toPool(l loc, o *object, objOff, n uint64) error {
+// copyBatch makes one request's copies between regions and the pool. Host
+// copies happen at once; GPU copies are queued and made together by wait, so
+// that an object of many ranges, or a batch of many objects, costs the GPU
+// one synchronisation rather than one per range. Every copy belongs to an
+// item (an object of the request): wait reports failures per item. Pool
+// memory a queued copy touches must stay reserved or acquired, and the
+// regions leased, until wait returns. Items queue in order: an item's copies
+// are queued before the next item's.
+type copyBatch struct {
+	s     *Server
+	gpu   []GPUCopy
+	items []int // per queued GPU copy, its item
+}
+
+// toPool copies n bytes at l into o at objOff for item. A host copy's error
+// is returned; a GPU copy's comes from wait.
+func (b *copyBatch) toPool(item int, l loc, o *object, objOff, n uint64) error {
 	r := l.r
 	if r.kind == gpuRegion {
-		if err := s.gpu.CopyToPool(r.device, s.pool.addr(o, objOff), r.ptr+uintptr(l.off), n); err != nil {
-			return fmt.Errorf("server: copy %d bytes from device %d: %w", n, r.device, err)
-		}
+		b.queue(item, GPUCopy{Device: r.device, GPU: r.ptr + uintptr(l.off), Pool: b.s.pool.addr(o, objOff), N: n, ToPool: true})
 		return nil
 	}
-	return safeCopy(s.pool.view(o, objOff, n), r.mem[l.off:l.off+n])
+	return safeCopy(b.s.pool.view(o, objOff, n), r.mem[l.off:l.off+n])
+}
+
+// fromPool copies n bytes of o at objOff to l for item, as toPool.
+func (b *copyBatch) fromPool(item int, o *object, objOff uint64, l loc, n uint64) error {
+	r := l.r
+	if r.kind == gpuRegion {
+		b.queue(item, GPUCopy{Device: r.device, GPU: r.ptr + uintptr(l.off), Pool: b.s.pool.addr(o, objOff), N: n})
+		return nil
+	}
+	return safeCopy(r.mem[l.off:l.off+n], b.s.pool.view(o, objOff, n))
+}
+
+func (b *copyBatch) queue(item int, c GPUCopy) {
+	b.gpu = append(b.gpu, c)
+	b.items = append(b.items, item)
+}
+
+// wait makes the queued GPU copies and calls failed once for each item one
+// of whose copies failed, with that copy's error. The batch is then empty.
+func (b *copyBatch) wait(failed func(item int, err error)) {
+	if len(b.gpu) == 0 {
+		return
+	}
+	errs := b.s.gpu.Copy(b.gpu)
+	last := -1
+	for i, err := range errs {
+		if err == nil || b.items[i] == last {
+			continue
+		}
+		last = b.items[i]
+		c := b.gpu[i]
+		dir := "from"
+		if !c.ToPool {
+			dir = "to"
+		}
+		failed(last, fmt.Errorf("server: copy %d bytes %s device %d: %w", c.N, dir, c.Device, err))
+	}
+	b.gpu, b.items = b.gpu[:0], b.items[:0]
+}
+
+// copyOne makes one copy with a batch of its own and returns its error.
+func (s *Server) copyOne(do func(b *copyBatch) error) error {
+	b := copyBatch{s: s}
+	err := do(&b)
+	b.wait(func(_ int, e error) { err = e })
+	return err
+}
+
+// toPool copies n bytes at l into o at objOff.
+func (s *Server) toPool(l loc, o *object, objOff, n uint64) error {
+	return s.copyOne(func(b *copyBatch) error { return b.toPool(0, l, o, objOff, n) })
 }
 
 // fromPool copies n bytes of o at objOff to l.
 func (s *Server) fromPool(o *object, objOff uint64, l loc, n uint64) error {
-	r := l.r
-	if r.kind == gpuRegion {
-		if err := s.gpu.CopyFromPool(r.device, r.ptr+uintptr(l.off), s.pool.addr(o, objOff), n); err != nil {
-			return fmt.Errorf("server: copy %d bytes to device %d: %w", n, r.device, err)
-		}
-		return nil
-	}
-	return safeCopy(r.mem[l.off:l.off+n], s.pool.view(o, objOff, n))
+	return s.copyOne(func(b *copyBatch) error { return b.fromPool(0, o, objOff, l, n) })
 }
 
 // opTracker counts the handlers that touch regions or the pool, so that

@@ -21,9 +21,10 @@ var ErrNotSupported = errors.New("server: GPU backend not supported")
 //     so two clients registering the same allocation get the same mapping,
 //     reference-counted, closed with the last.
 //   - Copies run on non-blocking streams created lazily per device and kept
-//     for reuse, one per copy in flight: MemcpyAsync, then StreamSynchronize
-//     of that stream alone, so concurrent requests do not wait on each
-//     other's copies.
+//     for reuse, one per batch in flight: a batch's copies are all queued
+//     with MemcpyAsync, then each stream it used is synchronised once, so
+//     concurrent requests do not wait on each other's copies and a block of
+//     many ranges costs one synchronisation.
 //   - Pin registers the pool's arena with HostRegisterPortable, so it counts
 //     as pinned memory for every device: on the H200 device-to-host copies run
 //     at about 52 GB/s from pinned memory against 9.5 GB/s from pageable.
@@ -135,35 +136,76 @@ func (b *HIPBackend) OpenHandles() int {
 	return len(b.byKey)
 }
 
-// CopyToPool copies n bytes of device memory at src to the pool at dst.
-func (b *HIPBackend) CopyToPool(device int, dst, src uintptr, n uint64) error {
-	return b.copy(device, dst, src, n, hip.MemcpyDeviceToHost)
-}
-
-// CopyFromPool copies n bytes of the pool at src to device memory at dst.
-func (b *HIPBackend) CopyFromPool(device int, dst, src uintptr, n uint64) error {
-	return b.copy(device, dst, src, n, hip.MemcpyHostToDevice)
-}
-
-func (b *HIPBackend) copy(device int, dst, src uintptr, n uint64, kind hip.MemcpyKind) error {
-	if n == 0 {
-		return nil
+// Copy queues every copy with MemcpyAsync on one stream per device, then
+// synchronises each of those streams once: a block of many ranges pays for
+// one synchronisation, not one per range. A copy the runtime refuses to queue
+// fails alone; a failed synchronisation fails every copy of that device.
+func (b *HIPBackend) Copy(copies []GPUCopy) []error {
+	var errs []error
+	fail := func(i int, err error) {
+		if errs == nil {
+			errs = make([]error, len(copies))
+		}
+		if errs[i] == nil {
+			errs[i] = err
+		}
 	}
-	s, err := b.stream(device)
-	if err != nil {
-		return err
+	// The devices of one batch are few: a slice beats a map.
+	type devStream struct {
+		device int
+		s      hip.Stream
+		err    error // creating the stream failed
+		bad    bool  // a copy failed on it: destroy rather than reuse
 	}
-	err = b.rt.MemcpyAsync(device, dst, src, n, kind, s)
-	if err == nil {
-		err = b.rt.StreamSynchronize(device, s)
+	var streams []devStream
+	streamOf := func(device int) *devStream {
+		for k := range streams {
+			if streams[k].device == device {
+				return &streams[k]
+			}
+		}
+		s, err := b.stream(device)
+		streams = append(streams, devStream{device: device, s: s, err: err})
+		return &streams[len(streams)-1]
 	}
-	if err != nil {
-		// The stream may hold the failed copy: do not hand it out again.
-		b.drop(device, s)
-		return err
+	for i, c := range copies {
+		if c.N == 0 {
+			continue
+		}
+		ds := streamOf(c.Device)
+		if ds.err != nil {
+			fail(i, ds.err)
+			continue
+		}
+		dst, src, kind := c.GPU, c.Pool, hip.MemcpyHostToDevice
+		if c.ToPool {
+			dst, src, kind = c.Pool, c.GPU, hip.MemcpyDeviceToHost
+		}
+		if err := b.rt.MemcpyAsync(c.Device, dst, src, c.N, kind, ds.s); err != nil {
+			fail(i, err)
+			ds.bad = true
+		}
 	}
-	b.putStream(device, s)
-	return nil
+	for _, ds := range streams {
+		if ds.err != nil {
+			continue
+		}
+		if err := b.rt.StreamSynchronize(ds.device, ds.s); err != nil {
+			for i, c := range copies {
+				if c.Device == ds.device && c.N > 0 {
+					fail(i, err)
+				}
+			}
+			ds.bad = true
+		}
+		if ds.bad {
+			// The stream may hold the failed copy: do not hand it out again.
+			b.drop(ds.device, ds.s)
+		} else {
+			b.putStream(ds.device, ds.s)
+		}
+	}
+	return errs
 }
 
 // stream returns an idle stream of device, creating one when none is idle.

@@ -131,9 +131,61 @@ func TestHIPBackendFakeRuntime(t *testing.T) {
 	}
 }
 
+// TestHIPBackendCopyBatch makes one batch of copies on two devices of the
+// fake runtime, one of which the runtime refuses: that copy fails alone.
+func TestHIPBackendCopyBatch(t *testing.T) {
+	rt := fakeRuntime(t)
+	b := NewHIPBackendFor(rt)
+	defer b.Close()
+	const n = 4096
+	arena, err := unix.Mmap(-1, 0, 4*n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(arena)
+	ap := uintptr(unsafe.Pointer(&arena[0]))
+	var dev [2]uintptr
+	for d := range dev {
+		if dev[d], err = rt.Malloc(d, 2*n); err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Free(d, dev[d])
+		if err := rt.CopyToDevice(d, dev[d], pattern(n, byte(d+1))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fill(arena[2*n:3*n], 9)
+	copies := []GPUCopy{
+		{Device: 0, GPU: dev[0], Pool: ap, N: n, ToPool: true},
+		{Device: 1, GPU: dev[1], Pool: ap + n, N: n, ToPool: true},
+		{Device: 1, GPU: ap + 3*n, Pool: ap, N: n, ToPool: true}, // host memory as "device" memory
+		{Device: 0, GPU: dev[0] + n, Pool: ap + 2*n, N: n},
+		{Device: 1, GPU: dev[1] + n, Pool: ap + 2*n, N: 0}, // nothing to do
+	}
+	errs := b.Copy(copies)
+	if len(errs) != len(copies) {
+		t.Fatalf("Copy returned %d errors for %d copies: %v", len(errs), len(copies), errs)
+	}
+	for i, err := range errs {
+		if (err != nil) != (i == 2) {
+			t.Errorf("copy %d: %v", i, err)
+		}
+	}
+	wantBytes(t, "device 0 to the pool", arena[:n], pattern(n, 1))
+	wantBytes(t, "device 1 to the pool", arena[n:2*n], pattern(n, 2))
+	got := make([]byte, n)
+	if err := rt.CopyFromDevice(0, got, dev[0]+n); err != nil {
+		t.Fatal(err)
+	}
+	wantBytes(t, "pool to device 0", got, pattern(n, 9))
+	if errs := b.Copy(copies[:2]); errs != nil {
+		t.Fatalf("a batch after a failed one: %v", errs)
+	}
+}
+
 // TestGPUHIPBackendCopies runs the backend's copies and pinning on the real
-// GPU: device memory to a pinned mmap arena and back, from several
-// goroutines at once.
+// GPU: device memory to a pinned mmap arena and back, in batches of several
+// copies, from several goroutines at once.
 func TestGPUHIPBackendCopies(t *testing.T) {
 	rt, err := hip.Load()
 	if errors.Is(err, hip.ErrNotSupported) {
@@ -172,22 +224,31 @@ func TestGPUHIPBackendCopies(t *testing.T) {
 	if err := rt.CopyToDevice(dev, d, want); err != nil {
 		t.Fatal(err)
 	}
-	const parts = 8
+	// Each goroutine copies its part as one batch of pieces.
+	const parts, pieces = 8, 16
 	const part = size / parts
+	batch := func(off uintptr, toPool bool) []GPUCopy {
+		cs := make([]GPUCopy, pieces)
+		for k := range cs {
+			o := off + uintptr(k*part/pieces)
+			cs[k] = GPUCopy{Device: dev, GPU: d + o, Pool: ap + o, N: part / pieces, ToPool: toPool}
+		}
+		return cs
+	}
 	var wg sync.WaitGroup
 	for i := range parts {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			off := uintptr(i * part)
-			if err := b.CopyToPool(dev, ap+off, d+off, part); err != nil {
-				t.Errorf("CopyToPool part %d: %v", i, err)
+			if errs := b.Copy(batch(off, true)); errs != nil {
+				t.Errorf("Copy to the pool, part %d: %v", i, errs)
 			}
 		}()
 	}
 	wg.Wait()
 	if !bytes.Equal(arena, want) {
-		t.Fatal("CopyToPool: the arena differs from the device memory")
+		t.Fatal("Copy to the pool: the arena differs from the device memory")
 	}
 	fill(arena, 4)
 	for i := range parts {
@@ -195,8 +256,8 @@ func TestGPUHIPBackendCopies(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			off := uintptr(i * part)
-			if err := b.CopyFromPool(dev, d+off, ap+off, part); err != nil {
-				t.Errorf("CopyFromPool part %d: %v", i, err)
+			if errs := b.Copy(batch(off, false)); errs != nil {
+				t.Errorf("Copy from the pool, part %d: %v", i, errs)
 			}
 		}()
 	}
@@ -206,6 +267,6 @@ func TestGPUHIPBackendCopies(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(got, arena) {
-		t.Fatal("CopyFromPool: the device memory differs from the arena")
+		t.Fatal("Copy from the pool: the device memory differs from the arena")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -27,6 +28,9 @@ type fakeGPU struct {
 	openErr   error
 	block     chan struct{} // when set, copies wait on it
 	copying   chan struct{} // signalled when a copy starts
+	copyCalls int
+	// failCopy, when set, may fail a copy (before it is made).
+	failCopy func(GPUCopy) error
 }
 
 func newFakeGPU() *fakeGPU {
@@ -118,22 +122,40 @@ func (f *fakeGPU) wait() {
 	}
 }
 
-func (f *fakeGPU) CopyToPool(device int, dst, src uintptr, n uint64) error {
+func (f *fakeGPU) Copy(copies []GPUCopy) []error {
 	f.wait()
-	d, err := f.view(dst, n)
-	if err != nil {
-		return err
+	f.mu.Lock()
+	f.copyCalls++
+	failCopy := f.failCopy
+	f.mu.Unlock()
+	var errs []error
+	for i, c := range copies {
+		dst, src := c.GPU, c.Pool
+		if c.ToPool {
+			dst, src = c.Pool, c.GPU
+		}
+		var err error
+		if failCopy != nil {
+			err = failCopy(c)
+		}
+		var d []byte
+		if err == nil {
+			d, err = f.view(dst, c.N)
+		}
+		if err == nil {
+			var s []byte
+			if s, err = f.view(src, c.N); err == nil {
+				copy(d, s)
+			}
+		}
+		if err != nil {
+			if errs == nil {
+				errs = make([]error, len(copies))
+			}
+			errs[i] = err
+		}
 	}
-	s, err := f.view(src, n)
-	if err != nil {
-		return err
-	}
-	copy(d, s)
-	return nil
-}
-
-func (f *fakeGPU) CopyFromPool(device int, dst, src uintptr, n uint64) error {
-	return f.CopyToPool(device, dst, src, n)
+	return errs
 }
 
 func (f *fakeGPU) Pin(ptr uintptr, n uint64) error {
@@ -148,6 +170,12 @@ func (f *fakeGPU) Unpin(ptr uintptr) error {
 	defer f.mu.Unlock()
 	f.unpinned = uint64(ptr) == f.pinned[0]
 	return nil
+}
+
+func (f *fakeGPU) copies() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.copyCalls
 }
 
 func (f *fakeGPU) counts() (openCalls, open, closes int) {
@@ -411,4 +439,117 @@ func TestGPUPoolPinned(t *testing.T) {
 	if _, open, closes := f.counts(); open != 0 || closes != 1 {
 		t.Errorf("handles at Close: open %d closes %d", open, closes)
 	}
+}
+
+// TestGPURangedBatchCopies checks that a ranged batch makes its GPU copies
+// together, one Copy call for all its objects and ranges, that a failed copy
+// fails its own key alone, and that a batch larger than the pool still stores
+// its keys in turn.
+func TestGPURangedBatchCopies(t *testing.T) {
+	const objects, ranges, rangeSize = 8, 4, 2048
+	const objSize = ranges * rangeSize
+	const allocBase = 0x7f0000000000
+	// batch builds a ranged request over the region: object i's range r
+	// lies at ((i*ranges + (ranges-1-r)) * rangeSize), so every object's
+	// ranges are out of order in memory.
+	batch := func(put bool, prefix string) *umbppb.BatchRangeDataRequest {
+		var keys []rkey
+		for i := range objects {
+			k := rkey{key: fmt.Sprintf("%s%d", prefix, i), objSize: objSize}
+			for r := range ranges {
+				off := uint64((i*ranges + ranges - 1 - r) * rangeSize)
+				k.ranges = append(k.ranges, rng{base: allocBase, off: off, size: rangeSize, objOff: uint64(r * rangeSize)})
+			}
+			keys = append(keys, k)
+		}
+		return rangedReq("c", put, keys...)
+	}
+	const regionSize = objects * objSize
+	setup := func(t *testing.T, capacity uint64) (*harness, *fakeGPU, []byte) {
+		h, f := newGPUHarness(t, Options{Capacity: capacity})
+		handle, dev := f.alloc(regionSize, 1)
+		wantOK(t, "register", h.registerGPU(t, gpuReq("c", allocBase, regionSize, 0, handle, 0, allocBase)))
+		return h, f, dev
+	}
+	all := func(v bool) []bool {
+		b := make([]bool, objects)
+		for i := range b {
+			b[i] = v
+		}
+		return b
+	}
+
+	t.Run("one Copy a batch", func(t *testing.T) {
+		h, f, dev := setup(t, 1<<20)
+		want := pattern(regionSize, 5)
+		copy(dev, want)
+		before := f.copies()
+		wantBools(t, "put", h.putRanges(t, batch(true, "k")), all(true)...)
+		if n := f.copies() - before; n != 1 {
+			t.Fatalf("the put made %d Copy calls, want 1", n)
+		}
+		clear(dev)
+		before = f.copies()
+		wantBools(t, "get", h.getRanges(t, batch(false, "k")), all(true)...)
+		if n := f.copies() - before; n != 1 {
+			t.Fatalf("the get made %d Copy calls, want 1", n)
+		}
+		wantBytes(t, "round trip", dev, want)
+	})
+
+	t.Run("a failed copy fails its key", func(t *testing.T) {
+		h, f, dev := setup(t, 1<<20)
+		copy(dev, pattern(regionSize, 6))
+		// The fake maps the allocation at dev's address. Fail object 2's
+		// third range, at region offset (2*ranges+1)*rangeSize.
+		var bad atomic.Uintptr
+		bad.Store(addrOf(dev) + uintptr((2*ranges+1)*rangeSize))
+		f.mu.Lock()
+		f.failCopy = func(c GPUCopy) error {
+			if c.GPU == bad.Load() {
+				return errors.New("fake GPU: injected copy failure")
+			}
+			return nil
+		}
+		f.mu.Unlock()
+		want := all(true)
+		want[2] = false
+		wantBools(t, "put", h.putRanges(t, batch(true, "k")), want...)
+		if st := h.srv.Stats(); st.Objects != objects-1 {
+			t.Fatalf("%d objects stored, want %d (the failed one aborted)", st.Objects, objects-1)
+		}
+		// Gets: object 2 was not stored; fail one of object 5's ranges.
+		bad.Store(addrOf(dev) + uintptr((5*ranges+3)*rangeSize))
+		want[5] = false
+		wantBools(t, "get", h.getRanges(t, batch(false, "k")), want...)
+	})
+
+	t.Run("a batch larger than the pool", func(t *testing.T) {
+		// Room for 3 objects: the put finishes the objects in flight when
+		// the pool is full, so later objects evict earlier ones.
+		h, f, dev := setup(t, 3*objSize)
+		want := pattern(regionSize, 7)
+		copy(dev, want)
+		before := f.copies()
+		wantBools(t, "put", h.putRanges(t, batch(true, "k")), all(true)...)
+		if n := f.copies() - before; n < 2 {
+			t.Fatalf("the put made %d Copy calls, want several (one each time the pool filled)", n)
+		}
+		clear(dev)
+		got := h.getRanges(t, batch(false, "k"))
+		if !got[objects-1] {
+			t.Fatalf("the last key is not stored: %v", got)
+		}
+		stored := 0
+		for i, ok := range got {
+			if ok {
+				stored++
+				lo, hi := i*objSize, (i+1)*objSize
+				wantBytes(t, fmt.Sprintf("object %d", i), dev[lo:hi], want[lo:hi])
+			}
+		}
+		if stored == 0 || stored > 3 {
+			t.Fatalf("%d objects stored in a pool with room for 3", stored)
+		}
+	})
 }

@@ -94,14 +94,28 @@ type GPUBackend interface {
 	OpenIPC(device int, handle []byte) (uintptr, error)
 	// CloseIPC closes a pointer OpenIPC returned.
 	CloseIPC(device int, ptr uintptr) error
-	// CopyToPool copies n bytes from device memory src to pool memory dst.
-	CopyToPool(device int, dst, src uintptr, n uint64) error
-	// CopyFromPool copies n bytes from pool memory src to device memory dst.
-	CopyFromPool(device int, dst, src uintptr, n uint64) error
+	// Copy makes copies between GPU memory and the pool and returns once
+	// every one of them is done or failed. It returns nil when all succeeded,
+	// else one error per copy, nil for those that succeeded. A backend may
+	// run them concurrently: callers queue no two copies with overlapping
+	// destinations.
+	Copy(copies []GPUCopy) []error
 	// Pin page-locks the pool's arena [ptr, ptr+n) for fast DMA.
 	Pin(ptr uintptr, n uint64) error
 	// Unpin undoes Pin before the arena is unmapped.
 	Unpin(ptr uintptr) error
+}
+
+// GPUCopy is one copy between a GPU region and the pool's arena.
+type GPUCopy struct {
+	// Device is the device ordinal the region was registered on.
+	Device int
+	// GPU is the device address, Pool the arena's host address.
+	GPU, Pool uintptr
+	// N is the number of bytes.
+	N uint64
+	// ToPool copies GPU to Pool; else Pool to GPU.
+	ToPool bool
 }
 
 // Stats is a snapshot of the server's state.

@@ -121,9 +121,26 @@ func (s *Server) batchPutRanges(req *umbppb.BatchRangeDataRequest) []bool {
 		seen[k]++
 	}
 	objOffs, sizes, objSizes := req.GetObjectOffsets(), req.GetSizes(), req.GetObjectSizes()
+	// Objects are reserved and filled in turn; their GPU copies are made
+	// together, and they are published (or aborted) once those are done.
+	var objs []batchObject
+	b := copyBatch{s: s}
+	finish := func() {
+		b.wait(func(item int, err error) { objs[item].err = err })
+		for _, p := range objs {
+			if p.err != nil {
+				s.log.Warn("umbp server: ranged put", "key", keys[p.i], "err", p.err)
+				s.pool.abort(p.o)
+				continue
+			}
+			s.pool.publish(keys[p.i], p.o)
+			res[p.i] = true
+		}
+		objs = objs[:0]
+	}
 	for i, key := range keys {
-		a, b := starts[i], starts[i+1]
-		if !tiles(objOffs[a:b], sizes[a:b], objSizes[i]) {
+		lo, hi := starts[i], starts[i+1]
+		if !tiles(objOffs[lo:hi], sizes[lo:hi], objSizes[i]) {
 			continue
 		}
 		if !s.pool.wants(key, 0) {
@@ -134,22 +151,26 @@ func (s *Server) batchPutRanges(req *umbppb.BatchRangeDataRequest) []bool {
 			continue // the same new key twice: neither is stored
 		}
 		o, err := s.pool.reserve(objSizes[i], 0)
+		if err != nil && len(objs) > 0 {
+			// The objects still being filled cannot be evicted: finish
+			// them, then try again.
+			finish()
+			o, err = s.pool.reserve(objSizes[i], 0)
+		}
 		if err != nil {
 			s.log.Debug("umbp server: ranged put", "key", key, "err", err)
 			continue
 		}
-		var cerr error
-		for j := a; j < b && cerr == nil; j++ {
-			cerr = s.toPool(locs[j], o, objOffs[j], sizes[j])
+		item := len(objs)
+		objs = append(objs, batchObject{i: i, o: o})
+		for j := lo; j < hi; j++ {
+			if err := b.toPool(item, locs[j], o, objOffs[j], sizes[j]); err != nil {
+				objs[item].err = err
+				break
+			}
 		}
-		if cerr != nil {
-			s.log.Warn("umbp server: ranged put", "key", key, "err", cerr)
-			s.pool.abort(o)
-			continue
-		}
-		s.pool.publish(key, o)
-		res[i] = true
 	}
+	finish()
 	return res
 }
 
@@ -164,31 +185,56 @@ func (s *Server) batchGetRanges(req *umbppb.BatchRangeDataRequest) []bool {
 	defer l.release()
 
 	objOffs, sizes := req.GetObjectOffsets(), req.GetSizes()
+	// Objects stay acquired until their GPU copies are done.
+	var objs []batchObject
+	b := copyBatch{s: s}
 	for i, key := range keys {
-		a, b := starts[i], starts[i+1]
-		if a == b || slices.Contains(sizes[a:b], 0) {
+		lo, hi := starts[i], starts[i+1]
+		if lo == hi || slices.Contains(sizes[lo:hi], 0) {
 			continue
 		}
-		res[i] = s.readRanges(key, locs[a:b], objOffs[a:b], sizes[a:b])
+		o := s.pool.acquire(key)
+		if o == nil {
+			continue
+		}
+		if !allWithin(objOffs[lo:hi], sizes[lo:hi], o.size) {
+			s.pool.release(o)
+			continue
+		}
+		item := len(objs)
+		objs = append(objs, batchObject{i: i, o: o})
+		for j := lo; j < hi; j++ {
+			if err := b.fromPool(item, o, objOffs[j], locs[j], sizes[j]); err != nil {
+				objs[item].err = err
+				break
+			}
+		}
+	}
+	b.wait(func(item int, err error) { objs[item].err = err })
+	for _, p := range objs {
+		s.pool.release(p.o)
+		if p.err != nil {
+			s.log.Warn("umbp server: ranged get", "key", keys[p.i], "err", p.err)
+			continue
+		}
+		res[p.i] = true
 	}
 	return res
 }
 
-// readRanges copies ranges of the object stored under key to locs.
-func (s *Server) readRanges(key string, locs []loc, objOffs, sizes []uint64) bool {
-	o := s.pool.acquire(key)
-	if o == nil {
-		return false
-	}
-	defer s.pool.release(o)
-	for j := range locs {
-		if !within(objOffs[j], sizes[j], o.size) {
-			return false
-		}
-	}
-	for j := range locs {
-		if err := s.fromPool(o, objOffs[j], locs[j], sizes[j]); err != nil {
-			s.log.Warn("umbp server: ranged get", "key", key, "err", err)
+// batchObject is an object of a ranged batch, the i-th key, while its GPU
+// copies are in flight: reserved (put) or acquired (get).
+type batchObject struct {
+	i   int
+	o   *object
+	err error
+}
+
+// allWithin reports whether every range [objOffs[j], +sizes[j]) lies inside
+// an object of objectSize.
+func allWithin(objOffs, sizes []uint64, objectSize uint64) bool {
+	for j := range objOffs {
+		if !within(objOffs[j], sizes[j], objectSize) {
 			return false
 		}
 	}
