@@ -542,13 +542,20 @@ func scenarioBandwidth(t *testing.T, e gpuEnv) {
 	}
 
 	prefix := uniqueKeys(t)
-	plans := func(base uintptr, tag string, ranges int) []umbp.BlockTransferPlan {
+	// plans splits each object into ranges: consecutive in memory (which the
+	// worker merges into one), or laid out layer-major as an engine's KV
+	// cache is, range r of every object in layer r's slab.
+	plans := func(base uintptr, tag string, ranges int, layerMajor bool) []umbp.BlockTransferPlan {
 		ps := make([]umbp.BlockTransferPlan, objects)
 		n := uint64(objSize / ranges)
 		for i := range ps {
 			var spans []gpuSpan
 			for r := range ranges {
-				spans = append(spans, gpuSpan{base + uintptr(i*objSize) + uintptr(r)*uintptr(n), n})
+				at := base + uintptr(i*objSize) + uintptr(r)*uintptr(n)
+				if layerMajor {
+					at = base + uintptr(r*objects*int(n)) + uintptr(i)*uintptr(n)
+				}
+				spans = append(spans, gpuSpan{at, n})
 			}
 			ps[i] = gpuPlan(fmt.Sprintf("%s-%s-%d", prefix, tag, i), spans...)
 		}
@@ -570,19 +577,21 @@ func scenarioBandwidth(t *testing.T, e gpuEnv) {
 	}
 	got, zero := make([]byte, total), make([]byte, total)
 	for _, v := range []struct {
-		name   string
-		per    int // plans per job
-		ranges int // ranges per object
+		name       string
+		per        int // plans per job
+		ranges     int // ranges per object
+		layerMajor bool
 	}{
-		{fmt.Sprintf("1 job of %d objects, 1 range", objects), objects, 1},
-		{fmt.Sprintf("4 jobs of %d objects, 1 range", objects/4), objects / 4, 1},
-		{fmt.Sprintf("1 job of %d objects, 16 ranges", objects), objects, 16},
-		{fmt.Sprintf("1 job of %d objects, 128 ranges", objects), objects, 128},
+		{fmt.Sprintf("1 job of %d objects, 1 range", objects), objects, 1, false},
+		{fmt.Sprintf("4 jobs of %d objects, 1 range", objects/4), objects / 4, 1, false},
+		{fmt.Sprintf("1 job of %d objects, 16 ranges, merged", objects), objects, 16, false},
+		{fmt.Sprintf("1 job of %d objects, 16 layers", objects), objects, 16, true},
+		{fmt.Sprintf("1 job of %d objects, 128 layers", objects), objects, 128, true},
 	} {
 		store, load := &row{name: "Store, " + v.name}, &row{name: "Load,  " + v.name}
 		for rep := -1; rep < reps; rep++ { // rep -1 warms up
 			tag := fmt.Sprintf("%d-%d-%d", v.per, v.ranges, rep)
-			srcPlans, dstPlans := plans(src, tag, v.ranges), plans(dst, tag, v.ranges)
+			srcPlans, dstPlans := plans(src, tag, v.ranges, v.layerMajor), plans(dst, tag, v.ranges, v.layerMajor)
 			start := time.Now()
 			run(false, srcPlans, v.per)
 			mid := time.Now()
@@ -632,7 +641,7 @@ func scenarioBandwidth(t *testing.T, e gpuEnv) {
 		case strings.HasPrefix(r.name, "Load"):
 			rel = fmt.Sprintf("%4.0f%%", 100*med/htod)
 		}
-		fmt.Fprintf(&sb, "  %-40s %7.2f  (%6.2f-%6.2f)  %s\n", r.name, med, lo, hi, rel)
+		fmt.Fprintf(&sb, "  %-48s %7.2f  (%6.2f-%6.2f)  %s\n", r.name, med, lo, hi, rel)
 	}
 	t.Log("\n" + sb.String())
 	if dir := os.Getenv("OUT"); dir != "" && !e.small {

@@ -1,9 +1,11 @@
 package umbp
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
@@ -221,6 +223,9 @@ func (w *WorkerHandle) resolvePlansLocked(job *TransferJob, ranged bool) []item 
 				ObjectOffset: r.ObjectOffset,
 			}
 		}
+		if bad == "" {
+			obj.Ranges = coalesce(obj.Ranges)
+		}
 		single := len(obj.Ranges) == 1
 		if bad == "" && !ranged && !single && !host {
 			bad = fmt.Sprintf("%s: key %q: %d ranges in GPU memory need a server with ranged I/O (%v)", TransferNotAttempted, p.Key, len(obj.Ranges), ErrNotSupported)
@@ -232,6 +237,32 @@ func (w *WorkerHandle) resolvePlansLocked(job *TransferJob, ranged bool) []item 
 		items = append(items, item{idx: i, obj: obj, host: host, single: single})
 	}
 	return items
+}
+
+// coalesce merges ranges that continue one another both in registered
+// memory (same region, next offset) and in the object, so that a block laid
+// out contiguously travels as one range however the plan splits it: the
+// server makes fewer copies, and a block that becomes one range can move
+// with plain BatchPut/BatchGet on a server without ranged I/O. rs is sorted
+// by object offset in place; the result shares its array.
+func coalesce(rs []conn.Range) []conn.Range {
+	if len(rs) < 2 {
+		return rs
+	}
+	byObjectOffset := func(a, b conn.Range) int { return cmp.Compare(a.ObjectOffset, b.ObjectOffset) }
+	if !slices.IsSortedFunc(rs, byObjectOffset) {
+		slices.SortFunc(rs, byObjectOffset)
+	}
+	out := rs[:1]
+	for _, r := range rs[1:] {
+		last := &out[len(out)-1]
+		if r.RegionBase == last.RegionBase && r.Offset == last.Offset+last.Size && r.ObjectOffset == last.ObjectOffset+last.Size {
+			last.Size += r.Size
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 // run performs the job's transfer on a transfer goroutine. Its RPCs carry

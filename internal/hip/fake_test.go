@@ -5,6 +5,7 @@ package hip
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -123,6 +124,29 @@ func exerciseFakeIPC(t *testing.T, rt *Runtime) {
 	corrupt[63] ^= 0xff
 	if _, err := rt.IpcOpenMemHandle(dev, corrupt); !errors.As(err, &e) || e.Code != 400 {
 		t.Errorf("opening a handle with its last byte changed: %v, want error 400", err)
+	}
+}
+
+// TestFakeMemcpyBatchForms runs batched copies on both forms of
+// cudaMemcpyBatchAsync (CUDA 12.8 has failIdx, 13 does not) and checks that
+// an older runtime, and HIP, report none.
+func TestFakeMemcpyBatchForms(t *testing.T) {
+	for _, v := range []struct {
+		version int
+		batch   bool
+	}{{12000, false}, {12080, true}, {12090, true}, {13000, true}} {
+		t.Run(fmt.Sprint(v.version), func(t *testing.T) {
+			lib := buildFake(t, "libcudart.so.13", "-DFAKE_CUDA", fmt.Sprintf("-DFAKE_CUDA_VERSION=%d", v.version))
+			rt := mustOpen(t, Options{CUDARuntimeLibraries: []string{lib}, CUDADriverLibraries: []string{lib}})
+			if got := rt.CanMemcpyBatch(); got != v.batch {
+				t.Fatalf("CanMemcpyBatch() = %v, want %v", got, v.batch)
+			}
+			exerciseRuntime(t, rt)
+		})
+	}
+	rt := mustOpen(t, Options{HIPLibraries: []string{buildFake(t, "libamdhip64.so.6", "-DFAKE_HIP6")}})
+	if rt.CanMemcpyBatch() {
+		t.Fatal("CanMemcpyBatch() on HIP = true")
 	}
 }
 

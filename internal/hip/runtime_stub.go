@@ -104,3 +104,11 @@ func (*Runtime) EventDestroy(int, Event) error { return ErrNotSupported }
 
 // DeviceSynchronize waits for all work on a device.
 func (*Runtime) DeviceSynchronize(int) error { return ErrNotSupported }
+
+// CanMemcpyBatch reports false: there is no GPU runtime.
+func (*Runtime) CanMemcpyBatch() bool { return false }
+
+// MemcpyBatchAsync returns ErrNotSupported.
+func (*Runtime) MemcpyBatchAsync(int, []uintptr, []uintptr, []uint64, MemcpyKind, uint32, Stream) error {
+	return ErrNotSupported
+}

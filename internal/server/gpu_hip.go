@@ -3,7 +3,9 @@ package server
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/umbp-go/umbp-go/internal/hip"
 )
@@ -39,6 +41,8 @@ type HIPBackend struct {
 
 	streamMu sync.Mutex
 	free     map[int][]hip.Stream // idle streams per device
+
+	batch atomic.Bool // batched copies are available and have not failed
 }
 
 // ipcOpenKey names an opened handle: the device it was opened on and its
@@ -73,19 +77,26 @@ func NewHIPBackend() (GPUBackend, error) {
 
 // NewHIPBackendFor returns a backend on an already loaded runtime.
 func NewHIPBackendFor(rt *hip.Runtime) *HIPBackend {
-	return &HIPBackend{
+	b := &HIPBackend{
 		rt:     rt,
 		byKey:  make(map[ipcOpenKey]*ipcMapping),
 		byAddr: make(map[ipcAddrKey]*ipcMapping),
 		free:   make(map[int][]hip.Stream),
 	}
+	b.batch.Store(rt.CanMemcpyBatch())
+	return b
 }
 
 // Runtime returns the runtime the backend uses.
 func (b *HIPBackend) Runtime() *hip.Runtime { return b.rt }
 
 // String describes the backend for logs.
-func (b *HIPBackend) String() string { return b.rt.String() }
+func (b *HIPBackend) String() string {
+	if b.batch.Load() {
+		return b.rt.String() + ", batched copies"
+	}
+	return b.rt.String()
+}
 
 // OpenIPC opens handle on device, or takes another reference on the mapping
 // of that handle already open there, and returns the allocation's base.
@@ -136,10 +147,13 @@ func (b *HIPBackend) OpenHandles() int {
 	return len(b.byKey)
 }
 
-// Copy queues every copy with MemcpyAsync on one stream per device, then
-// synchronises each of those streams once: a block of many ranges pays for
-// one synchronisation, not one per range. A copy the runtime refuses to queue
-// fails alone; a failed synchronisation fails every copy of that device.
+// Copy queues every copy on one stream per device, then synchronises each of
+// those streams once: a block of many ranges pays for one synchronisation,
+// not one per range. Where the runtime has batched copies (CUDA 12.8 and
+// later) the copies of one device and direction are queued with one call;
+// should that call fail they are queued one by one instead, and batching is
+// not tried again. A copy the runtime refuses to queue fails alone; a failed
+// synchronisation fails every copy of that device.
 func (b *HIPBackend) Copy(copies []GPUCopy) []error {
 	var errs []error
 	fail := func(i int, err error) {
@@ -154,45 +168,50 @@ func (b *HIPBackend) Copy(copies []GPUCopy) []error {
 	type devStream struct {
 		device int
 		s      hip.Stream
-		err    error // creating the stream failed
-		bad    bool  // a copy failed on it: destroy rather than reuse
+		err    error    // creating the stream failed
+		bad    bool     // a copy failed on it: destroy rather than reuse
+		idx    [2][]int // the copies to queue, by direction (0: to the pool)
 	}
 	var streams []devStream
-	streamOf := func(device int) *devStream {
-		for k := range streams {
-			if streams[k].device == device {
-				return &streams[k]
-			}
-		}
-		s, err := b.stream(device)
-		streams = append(streams, devStream{device: device, s: s, err: err})
-		return &streams[len(streams)-1]
-	}
 	for i, c := range copies {
 		if c.N == 0 {
 			continue
 		}
-		ds := streamOf(c.Device)
+		k := slices.IndexFunc(streams, func(ds devStream) bool { return ds.device == c.Device })
+		if k < 0 {
+			s, err := b.stream(c.Device)
+			streams = append(streams, devStream{device: c.Device, s: s, err: err})
+			k = len(streams) - 1
+		}
+		ds := &streams[k]
 		if ds.err != nil {
 			fail(i, ds.err)
 			continue
 		}
-		dst, src, kind := c.GPU, c.Pool, hip.MemcpyHostToDevice
-		if c.ToPool {
-			dst, src, kind = c.Pool, c.GPU, hip.MemcpyDeviceToHost
+		dir := 0
+		if !c.ToPool {
+			dir = 1
 		}
-		if err := b.rt.MemcpyAsync(c.Device, dst, src, c.N, kind, ds.s); err != nil {
-			fail(i, err)
-			ds.bad = true
-		}
+		ds.idx[dir] = append(ds.idx[dir], i)
 	}
-	for _, ds := range streams {
+	for k := range streams {
+		ds := &streams[k]
 		if ds.err != nil {
 			continue
 		}
+		for _, idx := range ds.idx {
+			if !b.queueBatch(ds.device, ds.s, copies, idx) {
+				for _, i := range idx {
+					if err := b.queue(ds.s, copies[i]); err != nil {
+						fail(i, err)
+						ds.bad = true
+					}
+				}
+			}
+		}
 		if err := b.rt.StreamSynchronize(ds.device, ds.s); err != nil {
-			for i, c := range copies {
-				if c.Device == ds.device && c.N > 0 {
+			for _, idx := range ds.idx {
+				for _, i := range idx {
 					fail(i, err)
 				}
 			}
@@ -206,6 +225,42 @@ func (b *HIPBackend) Copy(copies []GPUCopy) []error {
 		}
 	}
 	return errs
+}
+
+// queue queues one copy on s.
+func (b *HIPBackend) queue(s hip.Stream, c GPUCopy) error {
+	dst, src, kind := c.GPU, c.Pool, hip.MemcpyHostToDevice
+	if c.ToPool {
+		dst, src, kind = c.Pool, c.GPU, hip.MemcpyDeviceToHost
+	}
+	return b.rt.MemcpyAsync(c.Device, dst, src, c.N, kind, s)
+}
+
+// queueBatch queues copies[i] for every i in idx, all of device and one
+// direction, with one batched call, and reports whether it did. It does not
+// try for fewer than two copies, without runtime support, or once a batched
+// call has failed.
+func (b *HIPBackend) queueBatch(device int, s hip.Stream, copies []GPUCopy, idx []int) bool {
+	if len(idx) < 2 || !b.batch.Load() {
+		return false
+	}
+	dsts, srcs, sizes := make([]uintptr, len(idx)), make([]uintptr, len(idx)), make([]uint64, len(idx))
+	kind := hip.MemcpyHostToDevice
+	if copies[idx[0]].ToPool {
+		kind = hip.MemcpyDeviceToHost
+	}
+	for k, i := range idx {
+		c := copies[i]
+		dsts[k], srcs[k], sizes[k] = c.GPU, c.Pool, c.N
+		if c.ToPool {
+			dsts[k], srcs[k] = c.Pool, c.GPU
+		}
+	}
+	if err := b.rt.MemcpyBatchAsync(device, dsts, srcs, sizes, kind, 0, s); err != nil {
+		b.batch.Store(false)
+		return false
+	}
+	return true
 }
 
 // stream returns an idle stream of device, creating one when none is idle.

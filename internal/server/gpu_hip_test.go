@@ -18,7 +18,23 @@ import (
 func fakeRuntime(t *testing.T) *hip.Runtime {
 	t.Helper()
 	lib := hiptest.BuildFake(t, "libamdhip64.so.6", "-DFAKE_HIP6")
-	rt, err := hip.Open(hip.Options{HIPLibraries: []string{lib}})
+	return openFake(t, hip.Options{HIPLibraries: []string{lib}})
+}
+
+// fakeCUDARuntime is the fake runtime as CUDA 13, which has batched copies.
+func fakeCUDARuntime(t *testing.T) *hip.Runtime {
+	t.Helper()
+	lib := hiptest.BuildFake(t, "libcudart.so.13", "-DFAKE_CUDA")
+	rt := openFake(t, hip.Options{CUDARuntimeLibraries: []string{lib}, CUDADriverLibraries: []string{lib}})
+	if !rt.CanMemcpyBatch() {
+		t.Fatalf("%v: no batched copies", rt)
+	}
+	return rt
+}
+
+func openFake(t *testing.T, opts hip.Options) *hip.Runtime {
+	t.Helper()
+	rt, err := hip.Open(opts)
 	if errors.Is(err, hip.ErrNotSupported) {
 		t.Skipf("cannot load the fake GPU runtime: %v", err)
 	}
@@ -26,6 +42,13 @@ func fakeRuntime(t *testing.T) *hip.Runtime {
 		t.Fatal(err)
 	}
 	return rt
+}
+
+// fakeFlavours runs f on the fake runtime as HIP (single copies) and as
+// CUDA 13 (batched copies).
+func fakeFlavours(t *testing.T, f func(t *testing.T, rt *hip.Runtime)) {
+	t.Run("hip", func(t *testing.T) { f(t, fakeRuntime(t)) })
+	t.Run("cuda", func(t *testing.T) { f(t, fakeCUDARuntime(t)) })
 }
 
 // foreign opens the fake runtime's handles as if another process made them:
@@ -50,8 +73,16 @@ func TestNewHIPBackendWithoutGPU(t *testing.T) {
 // the fake runtime: IPC opens shared between clients, pinning, ranged copies
 // on device 1 (so that a call that does not select its device fails).
 func TestHIPBackendFakeRuntime(t *testing.T) {
-	rt := fakeRuntime(t)
-	b := NewHIPBackendFor(rt)
+	fakeFlavours(t, func(t *testing.T, rt *hip.Runtime) {
+		b := NewHIPBackendFor(rt)
+		testHIPBackendServes(t, rt, b)
+		if rt.CanMemcpyBatch() && !b.batch.Load() {
+			t.Fatal("batched copies failed and were turned off")
+		}
+	})
+}
+
+func testHIPBackendServes(t *testing.T, rt *hip.Runtime, b *HIPBackend) {
 	h := newHarness(t, Options{Capacity: 4 << 20, GPU: foreign{b}})
 	t.Cleanup(func() {
 		if err := b.Close(); err != nil {
@@ -134,7 +165,10 @@ func TestHIPBackendFakeRuntime(t *testing.T) {
 // TestHIPBackendCopyBatch makes one batch of copies on two devices of the
 // fake runtime, one of which the runtime refuses: that copy fails alone.
 func TestHIPBackendCopyBatch(t *testing.T) {
-	rt := fakeRuntime(t)
+	fakeFlavours(t, testHIPBackendCopyBatch)
+}
+
+func testHIPBackendCopyBatch(t *testing.T, rt *hip.Runtime) {
 	b := NewHIPBackendFor(rt)
 	defer b.Close()
 	const n = 4096
@@ -268,5 +302,8 @@ func TestGPUHIPBackendCopies(t *testing.T) {
 	}
 	if !bytes.Equal(got, arena) {
 		t.Fatal("Copy from the pool: the device memory differs from the arena")
+	}
+	if rt.CanMemcpyBatch() && !b.batch.Load() {
+		t.Fatalf("%v: batched copies failed and were turned off", rt)
 	}
 }

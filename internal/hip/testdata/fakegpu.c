@@ -42,7 +42,11 @@
 
 #if defined(FAKE_CUDA)
 #define API(x) cuda##x
+#ifdef FAKE_CUDA_VERSION
+#define FAKE_VERSION FAKE_CUDA_VERSION
+#else
 #define FAKE_VERSION 13000
+#endif
 #define T_UNREGISTERED 0
 #define T_HOST 1
 #define T_DEVICE 2
@@ -365,6 +369,46 @@ static int address_range(uintptr_t p, uintptr_t *base, size_t *size) {
 	pthread_mutex_unlock(&mu);
 	return rc;
 }
+
+#if defined(FAKE_CUDA) && FAKE_VERSION >= 12080
+/* cudaMemcpyBatchAsync: CUDA 13 dropped 12.8's failIdx. The fake checks the
+ * attribute the way this package builds it (one, stream-ordered, locations
+ * matching the direction of every copy) and then copies. */
+typedef struct {
+	int order, src_type, src_id, dst_type, dst_id;
+	unsigned int flags;
+} batch_attrs;
+
+static int batch(void **dsts, void **srcs, size_t *sizes, size_t count, batch_attrs *attrs, size_t *idxs,
+		size_t nattrs, void *stream) {
+	if (count == 0 || attrs == NULL || idxs == NULL || nattrs != 1 || idxs[0] != 0 || attrs->order != 1)
+		return E_INVALID_VALUE;
+	if (stream == NULL) return E_INVALID_VALUE; /* the legacy stream is refused */
+	int rc = check_object(stream, cur_dev);
+	if (rc != 0) return rc;
+	int kind;
+	if (attrs->src_type == 1 && attrs->dst_type == 2 && attrs->src_id == cur_dev) kind = 2;
+	else if (attrs->src_type == 2 && attrs->dst_type == 1 && attrs->dst_id == cur_dev) kind = 1;
+	else return E_INVALID_VALUE;
+	for (size_t i = 0; i < count; i++) {
+		if ((rc = copy(dsts[i], srcs[i], sizes[i], kind)) != 0) return rc;
+	}
+	return 0;
+}
+
+#if FAKE_VERSION >= 13000
+EXPORT int cudaMemcpyBatchAsync(void **dsts, void **srcs, size_t *sizes, size_t count, batch_attrs *attrs,
+		size_t *idxs, size_t nattrs, void *stream) {
+	return batch(dsts, srcs, sizes, count, attrs, idxs, nattrs, stream);
+}
+#else
+EXPORT int cudaMemcpyBatchAsync(void **dsts, void **srcs, size_t *sizes, size_t count, batch_attrs *attrs,
+		size_t *idxs, size_t nattrs, size_t *fail, void *stream) {
+	if (fail == NULL) return E_INVALID_VALUE;
+	return batch(dsts, srcs, sizes, count, attrs, idxs, nattrs, stream);
+}
+#endif
+#endif
 
 #if defined(FAKE_CUDA)
 /* The driver's entry points live in the same fake library. */
