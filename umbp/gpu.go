@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
 	"github.com/umbp-go/umbp-go/internal/hip"
@@ -155,16 +157,27 @@ type streamDep struct {
 // AfterStream makes a store wait, before it reads the source memory, for the
 // work queued so far on the engine's GPU stream (a HIP or CUDA stream
 // handle on device; 0 is the default stream): an event is recorded on the
-// stream when the store is submitted, and the transfer waits for it. Without
-// a GPU runtime the store fails as not attempted.
+// stream when the store is submitted, and the transfer waits for it. A
+// stream that has not got there within Config.Timeout of the transfer's
+// start fails the store as not attempted, having sent nothing. Without a GPU
+// runtime the store fails as not attempted.
 func AfterStream(device int, stream uintptr) TransferOption {
 	return func(o *transferOptions) { o.stream = &streamDep{device: device, stream: stream} }
 }
 
-// streamBarrier records the AfterStream event, if any, and returns what the
-// transfer calls before it reads: wait for the event, then destroy it. A
-// job that never runs calls it on a goroutine of its own (TransferJob.drop).
-func (w *WorkerHandle) streamBarrier(o transferOptions) (func() error, error) {
+// streamEvent is an AfterStream dependency in flight: an event recorded on
+// the engine's stream when the store was submitted.
+type streamEvent struct {
+	rt  *hip.Runtime
+	dep streamDep
+	ev  hip.Event
+	log *slog.Logger
+}
+
+// streamBarrier records the AfterStream event, if any. The transfer calls
+// wait before it reads the source memory; the job releases the event in
+// every case.
+func (w *WorkerHandle) streamBarrier(o transferOptions) (*streamEvent, error) {
 	if o.stream == nil {
 		return nil, nil
 	}
@@ -177,20 +190,51 @@ func (w *WorkerHandle) streamBarrier(o transferOptions) (func() error, error) {
 	if err != nil {
 		return nil, fmt.Errorf("AfterStream: create an event on device %d: %w", d.device, err)
 	}
+	e := &streamEvent{rt: rt, dep: d, ev: ev, log: w.log}
 	if err := rt.EventRecord(d.device, ev, hip.Stream(d.stream)); err != nil {
-		if derr := rt.EventDestroy(d.device, ev); derr != nil {
-			w.log.Warn("UMBP standalone: destroy a GPU event", "device", d.device, "err", derr)
-		}
+		e.release()
 		return nil, fmt.Errorf("AfterStream: record an event on stream %#x of device %d: %w", d.stream, d.device, err)
 	}
-	return func() error {
-		err := rt.EventSynchronize(d.device, ev)
-		if derr := rt.EventDestroy(d.device, ev); derr != nil {
-			w.log.Warn("UMBP standalone: destroy a GPU event", "device", d.device, "err", derr)
-		}
+	return e, nil
+}
+
+// Polling the event backs off from streamPollMin to streamPollMax.
+const (
+	streamPollMin = 5 * time.Microsecond
+	streamPollMax = 200 * time.Microsecond
+)
+
+// errStreamLate is wait's error when the engine's stream did not reach the
+// event by the deadline.
+var errStreamLate = errors.New("the stream did not reach the store's event before the transfer's deadline")
+
+// wait returns once the engine's stream has reached the event, or with an
+// error when deadline passes first: it polls rather than blocks in the
+// runtime, so a stream that never gets there (a hung kernel) costs the store,
+// not a transfer goroutine.
+func (e *streamEvent) wait(deadline time.Time) error {
+	pause := streamPollMin
+	for {
+		done, err := e.rt.EventQuery(e.dep.device, e.ev)
 		if err != nil {
-			return fmt.Errorf("wait for stream %#x of device %d: %w", d.stream, d.device, err)
+			return fmt.Errorf("wait for stream %#x of device %d: %w", e.dep.stream, e.dep.device, err)
 		}
-		return nil
-	}, nil
+		if done {
+			return nil
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return fmt.Errorf("stream %#x of device %d: %w", e.dep.stream, e.dep.device, errStreamLate)
+		}
+		time.Sleep(min(pause, left))
+		pause = min(2*pause, streamPollMax)
+	}
+}
+
+// release destroys the event. The runtimes allow this before the stream has
+// reached it: they free it once it has.
+func (e *streamEvent) release() {
+	if err := e.rt.EventDestroy(e.dep.device, e.ev); err != nil {
+		e.log.Warn("UMBP standalone: destroy a GPU event", "device", e.dep.device, "err", err)
+	}
 }

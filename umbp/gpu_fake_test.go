@@ -337,6 +337,50 @@ func TestFakeRuntimeGPUTransfers(t *testing.T) {
 	gpuWaitUntil(t, "every handle to close", func() bool { return backend.OpenHandles() == 0 })
 }
 
+// TestAfterStreamNeverReached: a store whose engine stream never reaches its
+// event fails as not attempted at the transfer's deadline, sends nothing to
+// the server, and leaves the handle usable.
+func TestAfterStreamNeverReached(t *testing.T) {
+	rt := useFakeGPU(t)
+	srv, _ := fakeGPUServer(t, rt)
+	cfg := testConfig(t, srv.Endpoint())
+	cfg.Timeout = 300 * time.Millisecond
+	urt := newRuntime(t, cfg)
+	a := gpuMalloc(t, rt, fakeDev, 64<<10)
+	w := gpuWorker(t, urt)
+	if err := w.RegisterBuffers(context.Background(), map[string]umbp.Buffer{"kv": {Ptr: a, Size: 64 << 10}}); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := rt.StreamCreate(fakeDev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.StreamDestroy(fakeDev, stream)
+	plans := []umbp.BlockTransferPlan{gpuPlan("late", gpuSpan{a, 4096})}
+
+	t.Setenv("UMBP_FAKE_EVENTS_PENDING", "1")
+	start := time.Now()
+	job := w.Store(plans, umbp.AfterStream(fakeDev, uintptr(stream)))
+	waitJob(t, w, job)
+	took := time.Since(start)
+	if job.Status() != umbp.JobFailed || !strings.HasPrefix(job.Err(), umbp.TransferNotAttempted) ||
+		!strings.Contains(job.Err(), "did not reach") {
+		t.Fatalf("store after a stream that never gets there: %s %q", job.Status(), job.Err())
+	}
+	if took < cfg.Timeout || took > 10*time.Second {
+		t.Errorf("the store ended after %v; want at its deadline (%v)", took, cfg.Timeout)
+	}
+	if st := srv.Stats(); st.Objects != 0 {
+		t.Fatalf("%d objects stored; the store must not reach the server", st.Objects)
+	}
+	if st := w.Stats(); st.TransfersBlocked != 0 {
+		t.Fatalf("%d transfers blocked after a late stream", st.TransfersBlocked)
+	}
+
+	t.Setenv("UMBP_FAKE_EVENTS_PENDING", "")
+	gpuWantCompleted(t, w, w.Store(plans, umbp.AfterStream(fakeDev, uintptr(stream))), "store once the stream gets there")
+}
+
 // TestRegisterGPURefused: a server that cannot take GPU memory refuses with
 // its reason, which the error carries.
 func TestRegisterGPURefused(t *testing.T) {

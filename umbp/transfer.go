@@ -69,8 +69,7 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 	}
 	var dropped func()
 	if barrier != nil {
-		// The barrier destroys its event once the stream reached it.
-		dropped = func() { go func() { _ = barrier() }() }
+		dropped = barrier.release
 	}
 	refuse := func(reason string) *TransferJob {
 		if dropped != nil {
@@ -111,12 +110,14 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 				w.finish(job, items)
 			}
 		}()
-		job.markRunning(w.timeout)
+		deadline := job.markRunning(w.timeout)
 		job.mu.Lock()
 		job.dropped = nil // it runs: the barrier is its own
 		job.mu.Unlock()
 		if barrier != nil {
-			if err := barrier(); err != nil {
+			err := barrier.wait(deadline)
+			barrier.release()
+			if err != nil {
 				job.failRest(TransferNotAttempted + ": waiting for the engine's stream: " + err.Error())
 				return nil, nil
 			}

@@ -340,6 +340,9 @@ func exerciseRuntime(t *testing.T, rt *Runtime) {
 		if err := rt.EventSynchronize(dev, ev); err != nil {
 			t.Fatalf("EventSynchronize: %v", err)
 		}
+		if done, err := rt.EventQuery(dev, ev); !done || err != nil {
+			t.Fatalf("EventQuery after EventSynchronize: %v, %v; want done", done, err)
+		}
 		if err := rt.MemcpyAsync(dev, dstPtr, d, size, MemcpyDeviceToHost, s); err != nil {
 			t.Fatalf("MemcpyAsync DtoH: %v", err)
 		}

@@ -163,6 +163,9 @@ const (
 // errInvalidValue is hipErrorInvalidValue and cudaErrorInvalidValue.
 const errInvalidValue = 1
 
+// errNotReady is hipErrorNotReady and cudaErrorNotReady.
+const errNotReady = 600
+
 // pointerAttributesSize is the zeroed buffer handed to the pointer-attribute
 // call: larger than HIP's struct (32 bytes) and CUDA 13's (88 bytes).
 const pointerAttributesSize = 128
@@ -455,6 +458,7 @@ type api interface {
 	EventCreate(device int) (Event, error)
 	EventRecord(device int, ev Event, s Stream) error
 	EventSynchronize(device int, ev Event) error
+	EventQuery(device int, ev Event) (bool, error)
 	EventDestroy(device int, ev Event) error
 	DeviceSynchronize(device int) error
 }

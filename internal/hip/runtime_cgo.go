@@ -31,6 +31,7 @@ enum {
 	UMBP_FN_EVENT_CREATE,
 	UMBP_FN_EVENT_RECORD,
 	UMBP_FN_EVENT_SYNCHRONIZE,
+	UMBP_FN_EVENT_QUERY,
 	UMBP_FN_EVENT_DESTROY,
 	UMBP_FN_POINTER_ATTRIBUTES,
 	UMBP_FN_ADDRESS_RANGE,
@@ -350,6 +351,7 @@ var symbols = []symbol{
 	{fn: C.UMBP_FN_EVENT_CREATE, hip: "hipEventCreateWithFlags", cuda: "cudaEventCreateWithFlags"},
 	{fn: C.UMBP_FN_EVENT_RECORD, hip: "hipEventRecord", cuda: "cudaEventRecord"},
 	{fn: C.UMBP_FN_EVENT_SYNCHRONIZE, hip: "hipEventSynchronize", cuda: "cudaEventSynchronize"},
+	{fn: C.UMBP_FN_EVENT_QUERY, hip: "hipEventQuery", cuda: "cudaEventQuery"},
 	{fn: C.UMBP_FN_EVENT_DESTROY, hip: "hipEventDestroy", cuda: "cudaEventDestroy"},
 	{fn: C.UMBP_FN_POINTER_ATTRIBUTES, hip: "hipPointerGetAttributes", cuda: "cudaPointerGetAttributes"},
 	{fn: C.UMBP_FN_ADDRESS_RANGE, hip: "hipMemGetAddressRange", cuda: "cuMemGetAddressRange_v2", cudaDriver: true},
@@ -810,6 +812,19 @@ func (r *Runtime) EventRecord(device int, ev Event, s Stream) error {
 // EventSynchronize waits until the work before ev's last record is done.
 func (r *Runtime) EventSynchronize(device int, ev Event) error {
 	return r.err(C.umbp_handle_op(r.tab, C.int(device), C.UMBP_FN_EVENT_SYNCHRONIZE, C.uintptr_t(ev)))
+}
+
+// EventQuery reports whether the work before ev's last record is done,
+// without waiting.
+func (r *Runtime) EventQuery(device int, ev Event) (bool, error) {
+	rc := C.umbp_handle_op(r.tab, C.int(device), C.UMBP_FN_EVENT_QUERY, C.uintptr_t(ev))
+	if rc.code == errNotReady {
+		return false, nil
+	}
+	if err := r.err(rc); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // EventDestroy destroys ev.

@@ -99,6 +99,9 @@ func (*Runtime) EventRecord(int, Event, Stream) error { return ErrNotSupported }
 // EventSynchronize waits for an event.
 func (*Runtime) EventSynchronize(int, Event) error { return ErrNotSupported }
 
+// EventQuery queries an event.
+func (*Runtime) EventQuery(int, Event) (bool, error) { return false, ErrNotSupported }
+
 // EventDestroy destroys an event.
 func (*Runtime) EventDestroy(int, Event) error { return ErrNotSupported }
 

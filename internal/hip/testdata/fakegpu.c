@@ -70,6 +70,7 @@
 #endif
 
 #define E_INVALID_VALUE 1
+#define E_NOT_READY 600
 #define E_NO_DEVICE 100
 #define E_INVALID_DEVICE 101
 #define E_INVALID_CONTEXT 201
@@ -318,6 +319,16 @@ EXPORT int API(EventRecord)(void *e, void *s) {
 }
 
 EXPORT int API(EventSynchronize)(void *e) { return check_object(e, cur_dev); }
+
+/* Events complete at once, unless UMBP_FAKE_EVENTS_PENDING is set in the
+ * environment: then every query says not ready, as for a stream that never
+ * gets there. */
+EXPORT int API(EventQuery)(void *e) {
+	int rc = check_object(e, cur_dev);
+	if (rc != 0) return rc;
+	const char *p = getenv("UMBP_FAKE_EVENTS_PENDING");
+	return p != NULL && *p != 0 ? E_NOT_READY : 0;
+}
 EXPORT int API(EventDestroy)(void *e) { return destroy(e); }
 EXPORT int API(DeviceSynchronize)(void) { return 0; }
 EXPORT int API(GetLastError)(void) { return 0; }
