@@ -49,6 +49,7 @@ type pool struct {
 	head      *object // most recently used
 	tail      *object // least recently used
 	used      uint64  // bytes of stored, reserved and dead-but-read objects
+	stored    uint64  // bytes of stored objects: what eviction can give back
 	evictions uint64
 
 	batchSeq atomic.Uint64
@@ -188,8 +189,9 @@ func (p *pool) release(o *object) {
 }
 
 // reserve allocates an unpublished object of size bytes for batch, evicting
-// least-recently-used objects until it fits. An object larger than the tier
-// is refused once nothing is left to evict.
+// least-recently-used objects until it fits. An object larger than the tier,
+// or than what reservations in flight leave of it, is refused with nothing
+// evicted.
 func (p *pool) reserve(size, batch uint64) (*object, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -199,8 +201,15 @@ func (p *pool) reserve(size, batch uint64) (*object, error) {
 	if size == 0 {
 		return nil, fmt.Errorf("%w: empty object", errNoSpace)
 	}
+	// Refuse what eviction cannot make room for before evicting anything.
+	if size > p.capacity {
+		return nil, fmt.Errorf("%w: an object of %d bytes is larger than the DRAM tier (%d bytes)", errNoSpace, size, p.capacity)
+	}
+	if held := p.used - p.stored; held > p.capacity-size {
+		return nil, fmt.Errorf("%w: %d bytes wanted, %d of %d bytes held by transfers in flight", errNoSpace, size, held, p.capacity)
+	}
 	for {
-		if size <= p.capacity && p.used <= p.capacity-size {
+		if p.used <= p.capacity-size {
 			if off, ok := p.alloc.alloc(size); ok {
 				p.used += size
 				return &object{off: off, size: size, batch: batch}, nil
@@ -213,10 +222,7 @@ func (p *pool) reserve(size, batch uint64) (*object, error) {
 		p.unlink(victim)
 		p.evictions++
 	}
-	if size > p.capacity {
-		return nil, fmt.Errorf("%w: an object of %d bytes is larger than the DRAM tier (%d bytes)", errNoSpace, size, p.capacity)
-	}
-	return nil, fmt.Errorf("%w: %d bytes wanted, %d of %d bytes held by transfers in flight", errNoSpace, size, p.used, p.capacity)
+	return nil, fmt.Errorf("%w: %d bytes wanted, %d of %d bytes held by transfers and readers", errNoSpace, size, p.used, p.capacity)
 }
 
 // abort frees an object reserve returned that will not be published.
@@ -247,6 +253,7 @@ func (p *pool) publish(key string, o *object) bool {
 	o.stored = true
 	p.objects[key] = o
 	p.pushFront(o)
+	p.stored += o.size
 	return true
 }
 
@@ -276,6 +283,7 @@ func (p *pool) unlink(o *object) {
 	delete(p.objects, o.key)
 	p.remove(o)
 	o.stored = false
+	p.stored -= o.size
 	if o.refs > 0 {
 		o.dead = true
 		return

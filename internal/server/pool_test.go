@@ -1,6 +1,9 @@
 package server
 
-import "testing"
+import (
+	"errors"
+	"testing"
+)
 
 // TestPoolReaderKeepsEvictedBytes: an object evicted (or cleared) while a
 // reader holds it keeps its extent until the reader releases it.
@@ -77,4 +80,48 @@ func TestPoolClearWhileHeld(t *testing.T) {
 	if _, err := p.reserve(4096, 0); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestPoolRefusesWithoutEvicting: a reservation that eviction could never
+// make room for is refused before any stored object is evicted.
+func TestPoolRefusesWithoutEvicting(t *testing.T) {
+	p, err := newPool(16384, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	for _, k := range []string{"a", "b"} {
+		o, err := p.reserve(4096, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.publish(k, o)
+	}
+	inFlight, err := p.reserve(8192, 0) // a transfer still filling its object
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, size := range []uint64{16385, 12288} {
+		if _, err := p.reserve(size, 0); !errors.Is(err, errNoSpace) {
+			t.Fatalf("reserve(%d): %v, want errNoSpace", size, err)
+		}
+		if !p.contains("a") || !p.contains("b") {
+			t.Fatalf("reserve(%d) evicted objects and still failed", size)
+		}
+	}
+	var st Stats
+	p.stats(&st)
+	if st.Evictions != 0 {
+		t.Fatalf("%d evictions", st.Evictions)
+	}
+	// What eviction can serve still evicts.
+	o, err := p.reserve(8192, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.contains("a") || p.contains("b") {
+		t.Fatal("a and b should have made room")
+	}
+	p.abort(o)
+	p.abort(inFlight)
 }
