@@ -107,8 +107,8 @@ func hostBytes(addr uintptr, n uint64) []byte {
 }
 
 // staged moves the multi-range items at indexes multi through staging
-// buffers, chunk by chunk, recording each item's result.
-func (w *WorkerHandle) staged(ctx context.Context, c *conn.Conn, kind jobKind, items []item, multi []int, results []bool) error {
+// buffers, chunk by chunk, recording each item's result and its chunk's error.
+func (w *WorkerHandle) staged(ctx context.Context, c *conn.Conn, kind jobKind, items []item, multi []int, results []bool, itemErrs []error) error {
 	var errs []error
 	for start := 0; start < len(multi); {
 		end, total := start, uint64(0)
@@ -116,8 +116,12 @@ func (w *WorkerHandle) staged(ctx context.Context, c *conn.Conn, kind jobKind, i
 			total += items[multi[end]].obj.Size
 			end++
 		}
-		if err := w.stageChunk(ctx, c, kind, items, multi[start:end], total, results); err != nil {
+		chunk := multi[start:end]
+		if err := w.stageChunk(ctx, c, kind, items, chunk, total, results); err != nil {
 			errs = append(errs, err)
+			for i, k := range chunk {
+				itemErrs[k] = conn.ErrFor(err, i)
+			}
 		}
 		start = end
 	}

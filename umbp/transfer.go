@@ -273,23 +273,23 @@ func coalesce(rs []conn.Range) []conn.Range {
 func (w *WorkerHandle) run(job *TransferJob, c *conn.Conn, items []item, ranged bool) (settle func()) {
 	ctx := context.Background()
 	var results []bool
+	var itemErrs []error // the fallback path's error of each item
 	var err error
 	if ranged {
 		results, err = w.rangedBatch(ctx, c, job.kind, items)
 	} else {
-		results, err = w.fallbackBatch(ctx, c, job.kind, items)
+		results, itemErrs, err = w.fallbackBatch(ctx, c, job.kind, items)
 	}
 	if err != nil {
 		w.logFailure(job.kind.String(), err)
 		w.link.failed(err)
 	}
-	// keyErr is the error of item k: on the ranged path a batch split at the
-	// message limit says which part failed; otherwise the error is the
-	// batch's.
+	// keyErr is the error of item k: the error of the request (or the part
+	// of a split batch) that carried it.
 	keyErr := func(k int) string {
-		e := err
-		if ranged {
-			e = conn.ErrFor(err, k)
+		e := conn.ErrFor(err, k)
+		if !ranged {
+			e = itemErrs[k]
 		}
 		switch {
 		case e == nil:
@@ -363,7 +363,7 @@ func (w *WorkerHandle) retryStores(ctx context.Context, c *conn.Conn, items []it
 			if ranged {
 				got, err = w.rangedBatch(ctx, c, kindStore, one)
 			} else {
-				got, err = w.fallbackBatch(ctx, c, kindStore, one)
+				got, _, err = w.fallbackBatch(ctx, c, kindStore, one)
 			}
 			if err == nil && len(got) == 1 && got[0] {
 				results[k] = true
@@ -386,9 +386,12 @@ func (w *WorkerHandle) rangedBatch(ctx context.Context, c *conn.Conn, kind jobKi
 }
 
 // fallbackBatch moves items on a server without ranged I/O: single-range
-// items as plain segments, multi-range items through a staging buffer.
-func (w *WorkerHandle) fallbackBatch(ctx context.Context, c *conn.Conn, kind jobKind, items []item) ([]bool, error) {
+// items as plain segments, multi-range items through a staging buffer. It
+// returns each item's result, the error of the request that carried each
+// item (nil where that request was answered), and all those errors joined.
+func (w *WorkerHandle) fallbackBatch(ctx context.Context, c *conn.Conn, kind jobKind, items []item) ([]bool, []error, error) {
 	results := make([]bool, len(items))
+	itemErrs := make([]error, len(items))
 	var keys []string
 	var segs []conn.Segment
 	var at []int
@@ -417,12 +420,13 @@ func (w *WorkerHandle) fallbackBatch(ctx context.Context, c *conn.Conn, kind job
 		}
 		for i, k := range at {
 			results[k] = i < len(got) && got[i]
+			itemErrs[k] = conn.ErrFor(err, i)
 		}
 	}
 	if len(multi) > 0 {
-		if err := w.staged(ctx, c, kind, items, multi, results); err != nil {
+		if err := w.staged(ctx, c, kind, items, multi, results, itemErrs); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	return results, errors.Join(errs...)
+	return results, itemErrs, errors.Join(errs...)
 }

@@ -413,3 +413,32 @@ func TestCloseWhileStaging(t *testing.T) {
 	}
 	<-job.Done()
 }
+
+// TestFallbackKeyErrors: on a server without ranged I/O, single-range blocks
+// and multi-range blocks (staged) travel in separate requests, and each key
+// carries the error of its own request only.
+func TestFallbackKeyErrors(t *testing.T) {
+	srv := newServer(t, umbptest.Options{DisableRangedIO: true})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	e := newEngine(t, rt, 4, 4, 512)
+	multi := e.plans(t, "multi", 0)
+	// Block 1 of the first layer alone: one range, sent as a plain segment.
+	single := umbp.BlockTransferPlan{Key: "single", Ranges: []umbp.KVRange{{
+		BaseAddress: e.layout.Regions[0].BaseAddress + 512, Length: 512, LayerName: "layer.0",
+	}}}
+	// The staging buffer's registration fails; the plain request is answered
+	// (a miss).
+	srv.FailNext("FDHandoff", 1)
+	job := e.w.Load([]umbp.BlockTransferPlan{single, multi[0]})
+	waitJob(t, e.w, job)
+	if job.Status() != umbp.JobFailed || len(job.FailedKeys()) != 2 {
+		t.Fatalf("load: %s, failed %v", job.Status(), job.FailedKeys())
+	}
+	miss, staged := job.KeyErr(0), job.KeyErr(1)
+	if !strings.Contains(miss, "is not in the pool") || strings.Contains(miss, "FDHandoff") || strings.Contains(miss, "staging") {
+		t.Errorf("the missing single-range key carries %q, want a plain miss", miss)
+	}
+	if !strings.Contains(staged, "staging") {
+		t.Errorf("the staged key carries %q, want the staging buffer's error", staged)
+	}
+}
