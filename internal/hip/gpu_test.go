@@ -566,11 +566,15 @@ func BenchmarkMemcpy4MiB(b *testing.B) {
 	}
 }
 
+// memcpyFlagPreferOverlapWithCompute is cudaMemcpyFlagPreferOverlapWithCompute.
+const memcpyFlagPreferOverlapWithCompute = 1
+
 // BenchmarkMemcpyPieces copies 4 MiB between device memory and pinned host
 // memory as many small pieces, the way a server copies the ranges of KV
 // blocks, then synchronises once: "loop" queues one MemcpyAsync a piece on
 // one stream, "streams4" does so from 4 goroutines on 4 streams, "batch"
-// queues them all with one MemcpyBatchAsync. Next to BenchmarkMemcpy4MiB it
+// queues them all with one MemcpyBatchAsync ("batch-overlap": with
+// cudaMemcpyFlagPreferOverlapWithCompute). Next to BenchmarkMemcpy4MiB it
 // gives the cost of a piece.
 func BenchmarkMemcpyPieces(b *testing.B) {
 	rt := loadGPU(b)
@@ -648,17 +652,23 @@ func BenchmarkMemcpyPieces(b *testing.B) {
 				off := uintptr(k) * uintptr(n)
 				dsts[k], srcs[k], sizes[k] = dir.dst+off, dir.src+off, n
 			}
-			b.Run(name+"/batch", func(b *testing.B) {
-				b.SetBytes(size)
-				for b.Loop() {
-					if err := rt.MemcpyBatchAsync(dev, dsts, srcs, sizes, dir.kind, 0, streams[0]); err != nil {
-						b.Fatal(err)
-					}
-					if err := rt.StreamSynchronize(dev, streams[0]); err != nil {
-						b.Fatal(err)
-					}
+			for _, flags := range []uint32{0, memcpyFlagPreferOverlapWithCompute} {
+				mode := "batch"
+				if flags != 0 {
+					mode = "batch-overlap"
 				}
-			})
+				b.Run(name+"/"+mode, func(b *testing.B) {
+					b.SetBytes(size)
+					for b.Loop() {
+						if err := rt.MemcpyBatchAsync(dev, dsts, srcs, sizes, dir.kind, flags, streams[0]); err != nil {
+							b.Fatal(err)
+						}
+						if err := rt.StreamSynchronize(dev, streams[0]); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+			}
 		}
 	}
 }
