@@ -105,7 +105,7 @@ export UMBP_GPU_SERVER_BIN="$here/standalone-server"
 step "(a) internal/hip on the GPU" 60 \
 	./hip.test -test.v -test.count=1 -test.timeout=55s -test.run 'GPU'
 step "(a) internal/hip: 4 MiB copies, pinned and pageable, whole and in pieces" 40 \
-	./hip.test -test.v -test.count=1 -test.run '^$' -test.bench 'Memcpy4MiB|MemcpyPieces' -test.benchtime 200x
+	./hip.test -test.v -test.count=1 -test.run '^$' -test.bench 'Memcpy4MiB|MemcpyPieces|MemcpyLayerMajor' -test.benchtime 50x
 step "(a) server: HIP backend and GPU regions" 45 \
 	./server.test -test.v -test.count=1 -test.timeout=40s -test.run 'GPU|HIP'
 step "(b) worker and server processes: GPU blocks byte-exact" 100 \

@@ -672,3 +672,86 @@ func BenchmarkMemcpyPieces(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkMemcpyLayerMajor makes the copies a server makes for 64 KV blocks
+// of 128 layers of 32 KiB: on the device layer-major (a block's layers 2 MiB
+// apart), in pinned host memory one block after the other. "batch" queues
+// all 8192 copies with one MemcpyBatchAsync, "batch-per-block" with one call
+// a block, "loop" with one MemcpyAsync a copy; each then synchronises once.
+func BenchmarkMemcpyLayerMajor(b *testing.B) {
+	rt := loadGPU(b)
+	const blocks, layers, piece = 64, 128, 32 << 10
+	const size = blocks * layers * piece
+	dev := 0
+	d := mustMalloc(b, rt, dev, size)
+	_, host := mmapHost(b, size)
+	if err := rt.HostRegister(host, size); err != nil {
+		b.Fatalf("HostRegister: %v", err)
+	}
+	b.Cleanup(func() {
+		if err := rt.HostUnregister(host); err != nil {
+			b.Errorf("HostUnregister: %v", err)
+		}
+	})
+	s, err := rt.StreamCreate(dev)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = rt.StreamDestroy(dev, s) })
+	devAddr := make([]uintptr, 0, blocks*layers)
+	hostAddr := make([]uintptr, 0, blocks*layers)
+	sizes := make([]uint64, 0, blocks*layers)
+	for blk := range blocks {
+		for l := range layers {
+			devAddr = append(devAddr, d+uintptr((l*blocks+blk)*piece))
+			hostAddr = append(hostAddr, host+uintptr((blk*layers+l)*piece))
+			sizes = append(sizes, piece)
+		}
+	}
+	for _, dir := range []struct {
+		name       string
+		dsts, srcs []uintptr
+		kind       MemcpyKind
+	}{
+		{"DtoH", hostAddr, devAddr, MemcpyDeviceToHost},
+		{"HtoD", devAddr, hostAddr, MemcpyHostToDevice},
+	} {
+		wait := func(b *testing.B) {
+			if err := rt.StreamSynchronize(dev, s); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.Run(dir.name+"/loop", func(b *testing.B) {
+			b.SetBytes(size)
+			for b.Loop() {
+				for k := range dir.dsts {
+					if err := rt.MemcpyAsync(dev, dir.dsts[k], dir.srcs[k], piece, dir.kind, s); err != nil {
+						b.Fatal(err)
+					}
+				}
+				wait(b)
+			}
+		})
+		if !rt.CanMemcpyBatch() {
+			continue
+		}
+		for _, per := range []int{blocks * layers, layers} {
+			name := "batch"
+			if per == layers {
+				name = "batch-per-block"
+			}
+			b.Run(dir.name+"/"+name, func(b *testing.B) {
+				b.SetBytes(size)
+				for b.Loop() {
+					for lo := 0; lo < len(dir.dsts); lo += per {
+						hi := lo + per
+						if err := rt.MemcpyBatchAsync(dev, dir.dsts[lo:hi], dir.srcs[lo:hi], sizes[lo:hi], dir.kind, 0, s); err != nil {
+							b.Fatal(err)
+						}
+					}
+					wait(b)
+				}
+			})
+		}
+	}
+}
