@@ -200,12 +200,10 @@ func (b *HIPBackend) Copy(copies []GPUCopy) []error {
 			continue
 		}
 		for _, idx := range ds.idx {
-			if !b.queueBatch(ds.device, ds.s, copies, idx) {
-				for _, i := range idx {
-					if err := b.queue(ds.s, copies[i]); err != nil {
-						fail(i, err)
-						ds.bad = true
-					}
+			for _, i := range idx[b.queueBatches(ds.device, ds.s, copies, idx):] {
+				if err := b.queue(ds.s, copies[i]); err != nil {
+					fail(i, err)
+					ds.bad = true
 				}
 			}
 		}
@@ -236,31 +234,48 @@ func (b *HIPBackend) queue(s hip.Stream, c GPUCopy) error {
 	return b.rt.MemcpyAsync(c.Device, dst, src, c.N, kind, s)
 }
 
-// queueBatch queues copies[i] for every i in idx, all of device and one
-// direction, with one batched call, and reports whether it did. It does not
-// try for fewer than two copies, without runtime support, or once a batched
-// call has failed.
-func (b *HIPBackend) queueBatch(device int, s hip.Stream, copies []GPUCopy, idx []int) bool {
+// maxBatchCopies is the most copies one batched call takes. Calls of about
+// a KV block's ranges each let the copy engine start on the first while the
+// next is queued: on an H200, 8192 copies of 32 KiB ran at 43 to 51 GB/s in
+// calls of 128 against 27 to 35 GB/s in one call.
+const maxBatchCopies = 128
+
+// queueBatches queues copies[i] for the leading i of idx, all of device and
+// one direction, with batched calls of up to maxBatchCopies, and returns how
+// many it queued: the rest are for single copies. It queues none for fewer
+// than two copies, without runtime support, or once a batched call has
+// failed (which turns batching off).
+func (b *HIPBackend) queueBatches(device int, s hip.Stream, copies []GPUCopy, idx []int) int {
 	if len(idx) < 2 || !b.batch.Load() {
-		return false
+		return 0
 	}
-	dsts, srcs, sizes := make([]uintptr, len(idx)), make([]uintptr, len(idx)), make([]uint64, len(idx))
+	n := min(len(idx), maxBatchCopies)
+	dsts, srcs, sizes := make([]uintptr, n), make([]uintptr, n), make([]uint64, n)
 	kind := hip.MemcpyHostToDevice
 	if copies[idx[0]].ToPool {
 		kind = hip.MemcpyDeviceToHost
 	}
-	for k, i := range idx {
-		c := copies[i]
-		dsts[k], srcs[k], sizes[k] = c.GPU, c.Pool, c.N
-		if c.ToPool {
-			dsts[k], srcs[k] = c.Pool, c.GPU
+	queued := 0
+	for queued < len(idx) {
+		chunk := idx[queued:min(queued+maxBatchCopies, len(idx))]
+		if len(chunk) < 2 {
+			break
 		}
+		for k, i := range chunk {
+			c := copies[i]
+			dsts[k], srcs[k], sizes[k] = c.GPU, c.Pool, c.N
+			if c.ToPool {
+				dsts[k], srcs[k] = c.Pool, c.GPU
+			}
+		}
+		m := len(chunk)
+		if err := b.rt.MemcpyBatchAsync(device, dsts[:m], srcs[:m], sizes[:m], kind, 0, s); err != nil {
+			b.batch.Store(false)
+			break
+		}
+		queued += m
 	}
-	if err := b.rt.MemcpyBatchAsync(device, dsts, srcs, sizes, kind, 0, s); err != nil {
-		b.batch.Store(false)
-		return false
-	}
-	return true
+	return queued
 }
 
 // stream returns an idle stream of device, creating one when none is idle.

@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"unsafe"
@@ -215,6 +216,60 @@ func testHIPBackendCopyBatch(t *testing.T, rt *hip.Runtime) {
 	if errs := b.Copy(copies[:2]); errs != nil {
 		t.Fatalf("a batch after a failed one: %v", errs)
 	}
+}
+
+// TestHIPBackendCopyMany makes more copies than one batched call takes, in
+// both directions, and checks every byte.
+func TestHIPBackendCopyMany(t *testing.T) {
+	fakeFlavours(t, func(t *testing.T, rt *hip.Runtime) {
+		b := NewHIPBackendFor(rt)
+		defer b.Close()
+		const dev, pieces, n = 1, 2*maxBatchCopies + 45, 256
+		const size = pieces * n
+		arena, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Munmap(arena)
+		ap := uintptr(unsafe.Pointer(&arena[0]))
+		d, err := rt.Malloc(dev, size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Free(dev, d)
+		want := pattern(size, 11)
+		if err := rt.CopyToDevice(dev, d, want); err != nil {
+			t.Fatal(err)
+		}
+		// Piece k of the device lands at piece pieces-1-k of the pool.
+		copies := make([]GPUCopy, pieces)
+		for k := range copies {
+			copies[k] = GPUCopy{Device: dev, GPU: d + uintptr(k*n), Pool: ap + uintptr((pieces-1-k)*n), N: n, ToPool: true}
+		}
+		if errs := b.Copy(copies); errs != nil {
+			t.Fatalf("to the pool: %v", errs)
+		}
+		for k := range pieces {
+			wantBytes(t, fmt.Sprintf("pool piece %d", pieces-1-k), arena[(pieces-1-k)*n:(pieces-k)*n], want[k*n:(k+1)*n])
+		}
+		if err := rt.CopyToDevice(dev, d, make([]byte, size)); err != nil {
+			t.Fatal(err)
+		}
+		for k := range copies {
+			copies[k].ToPool = false
+		}
+		if errs := b.Copy(copies); errs != nil {
+			t.Fatalf("from the pool: %v", errs)
+		}
+		got := make([]byte, size)
+		if err := rt.CopyFromDevice(dev, got, d); err != nil {
+			t.Fatal(err)
+		}
+		wantBytes(t, "device after the round trip", got, want)
+		if rt.CanMemcpyBatch() && !b.batch.Load() {
+			t.Fatal("batched copies failed and were turned off")
+		}
+	})
 }
 
 // TestGPUHIPBackendCopies runs the backend's copies and pinning on the real
