@@ -209,9 +209,10 @@ const (
 var errStreamLate = errors.New("the stream did not reach the store's event before the transfer's deadline")
 
 // wait returns once the engine's stream has reached the event, or with an
-// error when deadline passes first: it polls rather than blocks in the
-// runtime, so a stream that never gets there (a hung kernel) costs the store,
-// not a transfer goroutine.
+// error when deadline passes first. It polls rather than blocks in the
+// runtime, so a stream that never gets there (a hung kernel) holds the
+// transfer goroutine until the deadline only, and the store then fails
+// having sent nothing.
 func (e *streamEvent) wait(deadline time.Time) error {
 	pause := streamPollMin
 	for {

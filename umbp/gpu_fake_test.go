@@ -54,7 +54,7 @@ func (f foreignBackend) OpenIPC(device int, handle []byte) (uintptr, error) {
 // fakeGPUServer starts an in-process v2 server with the HIP backend on rt.
 func fakeGPUServer(t *testing.T, rt *hip.Runtime) (*server.Server, *server.HIPBackend) {
 	t.Helper()
-	b := server.NewHIPBackendFor(rt)
+	b := server.NewHIPBackendFor(rt, testLogger(t))
 	srv, err := server.New(server.Options{
 		Endpoint: "unix://" + filepath.Join(shortDir(t), "g.grpc.sock"),
 		Capacity: 32 << 20,

@@ -229,7 +229,7 @@ func (w *WorkerHandle) resolvePlansLocked(job *TransferJob, ranged bool) []item 
 		}
 		single := len(obj.Ranges) == 1
 		if bad == "" && !ranged && !single && !host {
-			bad = fmt.Sprintf("%s: key %q: %d ranges in GPU memory need a server with ranged I/O (%v)", TransferNotAttempted, p.Key, len(obj.Ranges), ErrNotSupported)
+			bad = fmt.Sprintf("%s: key %q: %d ranges in GPU memory need a server with ranged I/O (%v)", TransferNotAttempted, p.Key, len(p.Ranges), ErrNotSupported)
 		}
 		if bad != "" {
 			job.setOutcome(i, bad)

@@ -120,7 +120,7 @@ func gpuBackend(mode string, log *slog.Logger) (server.GPUBackend, int) {
 		log.Error("invalid -gpu: want auto, on or off", "gpu", mode)
 		return nil, 2
 	}
-	gpu, err := server.NewHIPBackend()
+	gpu, err := server.NewHIPBackend(log)
 	switch {
 	case err == nil:
 		log.Info("GPU IPC regions served", "runtime", fmt.Sprint(gpu))

@@ -68,6 +68,14 @@ func (b *copyBatch) wait(failed func(item int, err error)) {
 		return
 	}
 	errs := b.s.gpu.Copy(b.gpu)
+	if errs != nil && len(errs) != len(b.gpu) {
+		// A backend that miscounts: no copy can be trusted.
+		err := fmt.Errorf("server: the GPU backend returned %d results for %d copies", len(errs), len(b.gpu))
+		errs = make([]error, len(b.gpu))
+		for i := range errs {
+			errs[i] = err
+		}
+	}
 	last := -1
 	for i, err := range errs {
 		if err == nil || b.items[i] == last {

@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -33,7 +34,8 @@ var ErrNotSupported = errors.New("server: GPU backend not supported")
 //
 // A HIPBackend is safe for concurrent use.
 type HIPBackend struct {
-	rt *hip.Runtime
+	rt  *hip.Runtime
+	log *slog.Logger
 
 	ipcMu  sync.Mutex
 	byKey  map[ipcOpenKey]*ipcMapping
@@ -42,7 +44,8 @@ type HIPBackend struct {
 	streamMu sync.Mutex
 	free     map[int][]hip.Stream // idle streams per device
 
-	batch atomic.Bool // batched copies are available and have not failed
+	batch      atomic.Bool  // batched copies are available and not given up
+	batchFails atomic.Int32 // batched calls failed in a row
 }
 
 // ipcOpenKey names an opened handle: the device it was opened on and its
@@ -65,20 +68,26 @@ type ipcMapping struct {
 }
 
 // NewHIPBackend loads the process's GPU runtime (hip.Load: HIP, else CUDA)
-// and returns a backend on it. Without a usable runtime and device the error
-// wraps ErrNotSupported and hip.ErrNotSupported and says what was tried.
-func NewHIPBackend() (GPUBackend, error) {
+// and returns a backend on it that logs to log (nil: nowhere). Without a
+// usable runtime and device the error wraps ErrNotSupported and
+// hip.ErrNotSupported and says what was tried.
+func NewHIPBackend(log *slog.Logger) (GPUBackend, error) {
 	rt, err := hip.Load()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNotSupported, err)
 	}
-	return NewHIPBackendFor(rt), nil
+	return NewHIPBackendFor(rt, log), nil
 }
 
-// NewHIPBackendFor returns a backend on an already loaded runtime.
-func NewHIPBackendFor(rt *hip.Runtime) *HIPBackend {
+// NewHIPBackendFor returns a backend on an already loaded runtime that logs
+// to log (nil: nowhere).
+func NewHIPBackendFor(rt *hip.Runtime, log *slog.Logger) *HIPBackend {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	b := &HIPBackend{
 		rt:     rt,
+		log:    log,
 		byKey:  make(map[ipcOpenKey]*ipcMapping),
 		byAddr: make(map[ipcAddrKey]*ipcMapping),
 		free:   make(map[int][]hip.Stream),
@@ -149,11 +158,12 @@ func (b *HIPBackend) OpenHandles() int {
 
 // Copy queues every copy on one stream per device, then synchronises each of
 // those streams once: a block of many ranges pays for one synchronisation,
-// not one per range. Where the runtime has batched copies (CUDA 12.8 and
-// later) the copies of one device and direction are queued with one call;
-// should that call fail they are queued one by one instead, and batching is
-// not tried again. A copy the runtime refuses to queue fails alone; a failed
-// synchronisation fails every copy of that device.
+// not one per range, and the devices of one batch copy at the same time.
+// Where the runtime has batched copies (CUDA 12.8 and later) the copies of
+// one device and direction are queued with batched calls; a call that fails
+// leaves its copies to be queued one by one. A copy the runtime refuses to
+// queue fails alone; a failed synchronisation fails every copy of that
+// device. Copies to overlapping destinations land in no particular order.
 func (b *HIPBackend) Copy(copies []GPUCopy) []error {
 	var errs []error
 	fail := func(i int, err error) {
@@ -207,6 +217,12 @@ func (b *HIPBackend) Copy(copies []GPUCopy) []error {
 				}
 			}
 		}
+	}
+	for k := range streams {
+		ds := &streams[k]
+		if ds.err != nil {
+			continue
+		}
 		if err := b.rt.StreamSynchronize(ds.device, ds.s); err != nil {
 			for _, idx := range ds.idx {
 				for _, i := range idx {
@@ -240,11 +256,14 @@ func (b *HIPBackend) queue(s hip.Stream, c GPUCopy) error {
 // calls of 128 against 27 to 35 GB/s in one call.
 const maxBatchCopies = 128
 
+// Batched calls are given up after maxBatchFails failures in a row, or at
+// once when the runtime says it cannot make them.
+const maxBatchFails = 8
+
 // queueBatches queues copies[i] for the leading i of idx, all of device and
 // one direction, with batched calls of up to maxBatchCopies, and returns how
 // many it queued: the rest are for single copies. It queues none for fewer
-// than two copies, without runtime support, or once a batched call has
-// failed (which turns batching off).
+// than two copies, without runtime support, or once batching is given up.
 func (b *HIPBackend) queueBatches(device int, s hip.Stream, copies []GPUCopy, idx []int) int {
 	if len(idx) < 2 || !b.batch.Load() {
 		return 0
@@ -270,13 +289,34 @@ func (b *HIPBackend) queueBatches(device int, s hip.Stream, copies []GPUCopy, id
 		}
 		m := len(chunk)
 		if err := b.rt.MemcpyBatchAsync(device, dsts[:m], srcs[:m], sizes[:m], kind, 0, s); err != nil {
-			b.batch.Store(false)
+			b.batchFailed(device, err)
 			break
 		}
+		b.batchFails.Store(0)
 		queued += m
 	}
 	return queued
 }
+
+// batchFailed counts a failed batched call, and gives batching up when the
+// runtime cannot make such calls or too many failed in a row.
+func (b *HIPBackend) batchFailed(device int, err error) {
+	n := b.batchFails.Add(1)
+	var he *hip.Error
+	unsupported := errors.Is(err, hip.ErrNotSupported) ||
+		errors.As(err, &he) && (he.Code == errNotSupported || he.Code == errRequiresNewerDriver)
+	if (unsupported || n >= maxBatchFails) && b.batch.CompareAndSwap(true, false) {
+		b.log.Warn("umbp server: batched GPU copies turned off; copies are queued one by one", "device", device, "failures_in_a_row", n, "err", err)
+		return
+	}
+	b.log.Debug("umbp server: a batched GPU copy failed; its copies are queued one by one", "device", device, "err", err)
+}
+
+// cudaErrorNotSupported and cudaErrorCallRequiresNewerDriver.
+const (
+	errNotSupported        = 801
+	errRequiresNewerDriver = 36
+)
 
 // stream returns an idle stream of device, creating one when none is idle.
 func (b *HIPBackend) stream(device int) (hip.Stream, error) {

@@ -64,9 +64,9 @@ func TestNewHIPBackendWithoutGPU(t *testing.T) {
 	if hip.Available() {
 		t.Skip("this host has a GPU runtime")
 	}
-	b, err := NewHIPBackend()
+	b, err := NewHIPBackend(nil)
 	if b != nil || !errors.Is(err, ErrNotSupported) || !errors.Is(err, hip.ErrNotSupported) {
-		t.Fatalf("NewHIPBackend() = %v, %v; want nil and an error matching both ErrNotSupported", b, err)
+		t.Fatalf("NewHIPBackend(nil) = %v, %v; want nil and an error matching both ErrNotSupported", b, err)
 	}
 }
 
@@ -75,7 +75,7 @@ func TestNewHIPBackendWithoutGPU(t *testing.T) {
 // on device 1 (so that a call that does not select its device fails).
 func TestHIPBackendFakeRuntime(t *testing.T) {
 	fakeFlavours(t, func(t *testing.T, rt *hip.Runtime) {
-		b := NewHIPBackendFor(rt)
+		b := NewHIPBackendFor(rt, nil)
 		testHIPBackendServes(t, rt, b)
 		if rt.CanMemcpyBatch() && !b.batch.Load() {
 			t.Fatal("batched copies failed and were turned off")
@@ -170,7 +170,7 @@ func TestHIPBackendCopyBatch(t *testing.T) {
 }
 
 func testHIPBackendCopyBatch(t *testing.T, rt *hip.Runtime) {
-	b := NewHIPBackendFor(rt)
+	b := NewHIPBackendFor(rt, nil)
 	defer b.Close()
 	const n = 4096
 	arena, err := unix.Mmap(-1, 0, 4*n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
@@ -216,13 +216,33 @@ func testHIPBackendCopyBatch(t *testing.T, rt *hip.Runtime) {
 	if errs := b.Copy(copies[:2]); errs != nil {
 		t.Fatalf("a batch after a failed one: %v", errs)
 	}
+	if !rt.CanMemcpyBatch() {
+		return
+	}
+	// One failed batched call leaves batching on; maxBatchFails in a row
+	// turn it off, and copies still work.
+	if !b.batch.Load() {
+		t.Fatal("one failed batched call turned batching off")
+	}
+	bad := []GPUCopy{copies[1], copies[2]} // one device and direction
+	for range maxBatchFails {
+		if errs := b.Copy(bad); len(errs) != 2 || errs[0] != nil || errs[1] == nil {
+			t.Fatalf("a failing batch: %v", errs)
+		}
+	}
+	if b.batch.Load() {
+		t.Fatalf("batching still on after %d failed calls in a row", maxBatchFails+1)
+	}
+	if errs := b.Copy(copies[:2]); errs != nil {
+		t.Fatalf("copies after batching was turned off: %v", errs)
+	}
 }
 
 // TestHIPBackendCopyMany makes more copies than one batched call takes, in
 // both directions, and checks every byte.
 func TestHIPBackendCopyMany(t *testing.T) {
 	fakeFlavours(t, func(t *testing.T, rt *hip.Runtime) {
-		b := NewHIPBackendFor(rt)
+		b := NewHIPBackendFor(rt, nil)
 		defer b.Close()
 		const dev, pieces, n = 1, 2*maxBatchCopies + 45, 256
 		const size = pieces * n
@@ -283,7 +303,7 @@ func TestGPUHIPBackendCopies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := NewHIPBackendFor(rt)
+	b := NewHIPBackendFor(rt, nil)
 	defer b.Close()
 	const size = 16 << 20
 	arena, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)

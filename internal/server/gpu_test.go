@@ -31,6 +31,8 @@ type fakeGPU struct {
 	copyCalls int
 	// failCopy, when set, may fail a copy (before it is made).
 	failCopy func(GPUCopy) error
+	// miscount makes Copy return one error too many.
+	miscount bool
 }
 
 func newFakeGPU() *fakeGPU {
@@ -126,8 +128,11 @@ func (f *fakeGPU) Copy(copies []GPUCopy) []error {
 	f.wait()
 	f.mu.Lock()
 	f.copyCalls++
-	failCopy := f.failCopy
+	failCopy, miscount := f.failCopy, f.miscount
 	f.mu.Unlock()
+	if miscount {
+		return make([]error, len(copies)+1)
+	}
 	var errs []error
 	for i, c := range copies {
 		dst, src := c.GPU, c.Pool
@@ -522,6 +527,17 @@ func TestGPURangedBatchCopies(t *testing.T) {
 		bad.Store(addrOf(dev) + uintptr((5*ranges+3)*rangeSize))
 		want[5] = false
 		wantBools(t, "get", h.getRanges(t, batch(false, "k")), want...)
+	})
+
+	t.Run("a backend that miscounts", func(t *testing.T) {
+		h, f, _ := setup(t, 1<<20)
+		f.mu.Lock()
+		f.miscount = true
+		f.mu.Unlock()
+		wantBools(t, "put", h.putRanges(t, batch(true, "k")), all(false)...)
+		if st := h.srv.Stats(); st.Objects != 0 || st.BytesUsed != 0 {
+			t.Fatalf("stats %+v after a put whose copies cannot be trusted", st)
+		}
 	})
 
 	t.Run("a batch larger than the pool", func(t *testing.T) {

@@ -97,8 +97,9 @@ type GPUBackend interface {
 	// Copy makes copies between GPU memory and the pool and returns once
 	// every one of them is done or failed. It returns nil when all succeeded,
 	// else one error per copy, nil for those that succeeded. A backend may
-	// run them concurrently: callers queue no two copies with overlapping
-	// destinations.
+	// run them concurrently and in any order: copies to overlapping
+	// destinations (a get whose ranges overlap in client memory) leave those
+	// bytes from any one of them.
 	Copy(copies []GPUCopy) []error
 	// Pin page-locks the pool's arena [ptr, ptr+n) for fast DMA.
 	Pin(ptr uintptr, n uint64) error
