@@ -587,6 +587,7 @@ func scenarioBandwidth(t *testing.T, e gpuEnv) {
 		{fmt.Sprintf("1 job of %d objects, 16 ranges, merged", objects), objects, 16, false},
 		{fmt.Sprintf("1 job of %d objects, 16 layers", objects), objects, 16, true},
 		{fmt.Sprintf("1 job of %d objects, 128 layers", objects), objects, 128, true},
+		{fmt.Sprintf("8 jobs of %d objects, 128 layers", objects/8), objects / 8, 128, true},
 	} {
 		store, load := &row{name: "Store, " + v.name}, &row{name: "Load,  " + v.name}
 		for rep := -1; rep < reps; rep++ { // rep -1 warms up

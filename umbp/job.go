@@ -98,6 +98,46 @@ type TransferJob struct {
 	// dropped releases what the transfer would have released had it run
 	// (an AfterStream event); called when it is cancelled before running.
 	dropped func()
+	// streamWait is open while the running transfer waits for the engine's
+	// stream (AfterStream), having sent nothing; closing it ends the wait.
+	streamWait chan struct{}
+}
+
+// beginStreamWait marks the transfer as waiting for the engine's stream and
+// returns what abortStreamWait closes.
+func (j *TransferJob) beginStreamWait() <-chan struct{} {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.streamWait = make(chan struct{})
+	return j.streamWait
+}
+
+// endStreamWait marks the wait for the engine's stream as over.
+func (j *TransferJob) endStreamWait() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.streamWait = nil
+}
+
+// waitingForStream reports whether the transfer waits for the engine's
+// stream: it holds no buffers of the server's then.
+func (j *TransferJob) waitingForStream() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.streamWait != nil
+}
+
+// abortStreamWait ends the transfer's wait for the engine's stream, if it is
+// waiting, and reports whether it was.
+func (j *TransferJob) abortStreamWait() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.streamWait == nil {
+		return false
+	}
+	close(j.streamWait)
+	j.streamWait = nil
+	return true
 }
 
 // drop runs the job's release for a transfer that will never run.

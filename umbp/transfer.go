@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
@@ -115,7 +116,8 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 		job.dropped = nil // it runs: the barrier is its own
 		job.mu.Unlock()
 		if barrier != nil {
-			err := barrier.wait(deadline)
+			err := barrier.wait(deadline, job.beginStreamWait())
+			job.endStreamWait()
 			barrier.release()
 			if err != nil {
 				job.failRest(TransferNotAttempted + ": waiting for the engine's stream: " + err.Error())
@@ -372,17 +374,95 @@ func (w *WorkerHandle) retryStores(ctx context.Context, c *conn.Conn, items []it
 	}
 }
 
-// rangedBatch moves every item in ranged RPCs (split by the connection at the
-// message limit).
+// A job's ranged transfer goes to the server in parts of about partRanges
+// ranges or partBytes bytes, up to partsInFlight at a time, so that the
+// server copies one part while the next is encoded, sent and prepared. On an
+// H200, 64 blocks of 128 layers of 32 KiB moved at about 23 GB/s in one
+// request and 35 to 40 GB/s in 8 requests 4 at a time.
+const (
+	partRanges    = 1024
+	partBytes     = 32 << 20
+	partsInFlight = 4
+)
+
+// part is the half-open range [lo, hi) of a job's items one request carries.
+type part struct{ lo, hi int }
+
+// cutParts cuts objs into consecutive parts of at least one object, each
+// closed once it holds partRanges ranges or partBytes bytes.
+func cutParts(objs []conn.Object) []part {
+	var ps []part
+	lo, ranges, bytes := 0, 0, uint64(0)
+	for i, o := range objs {
+		ranges += len(o.Ranges)
+		bytes += o.Size
+		if ranges >= partRanges || bytes >= partBytes {
+			ps = append(ps, part{lo, i + 1})
+			lo, ranges, bytes = i+1, 0, 0
+		}
+	}
+	if lo < len(objs) {
+		ps = append(ps, part{lo, len(objs)})
+	}
+	return ps
+}
+
+// rangedBatch moves every item in ranged RPCs, in parts run concurrently
+// (each split further by the connection at the message limit). A failed
+// part's items carry its error (conn.ErrFor). Parts are independent
+// requests: a job that names one new key twice may have it stored once.
 func (w *WorkerHandle) rangedBatch(ctx context.Context, c *conn.Conn, kind jobKind, items []item) ([]bool, error) {
 	objs := make([]conn.Object, len(items))
 	for k := range items {
 		objs[k] = items[k].obj
 	}
+	call := c.BatchGetRanges
 	if kind == kindStore {
-		return c.BatchPutRanges(ctx, objs)
+		call = c.BatchPutRanges
 	}
-	return c.BatchGetRanges(ctx, objs)
+	ps := cutParts(objs)
+	if len(ps) == 1 {
+		return call(ctx, objs)
+	}
+	results := make([]bool, len(objs))
+	errs := make([]error, len(ps))
+	slots := make(chan struct{}, partsInFlight)
+	var wg sync.WaitGroup
+	for i, p := range ps {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			got, err := call(ctx, objs[p.lo:p.hi])
+			copy(results[p.lo:p.hi], got)
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	return results, partsError(ps, errs)
+}
+
+// partsError combines the errors of a job's parts (errs[i] is part ps[i]'s,
+// itself perhaps split) into one whose conn.ErrFor gives each item its own
+// part's error; nil when every part was answered.
+func partsError(ps []part, errs []error) error {
+	var failed []conn.SpanError
+	for i, p := range ps {
+		if errs[i] == nil {
+			continue
+		}
+		var be *conn.BatchError
+		if !errors.As(errs[i], &be) {
+			failed = append(failed, conn.SpanError{Start: p.lo, End: p.hi, Err: errs[i]})
+			continue
+		}
+		for _, s := range be.Spans {
+			failed = append(failed, conn.SpanError{Start: p.lo + s.Start, End: p.lo + s.End, Err: s.Err})
+		}
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	return &conn.BatchError{Spans: failed}
 }
 
 // fallbackBatch moves items on a server without ranged I/O: single-range

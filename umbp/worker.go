@@ -383,6 +383,15 @@ func (w *WorkerHandle) Wait(ctx context.Context, job *TransferJob) error {
 		if !started {
 			continue
 		}
+		if job.abortStreamWait() {
+			// It was still waiting for the engine's stream, having sent
+			// nothing: it fails as not attempted at once.
+			select {
+			case <-job.done:
+				return nil
+			case <-time.After(streamAbortGrace):
+			}
+		}
 		return fmt.Errorf("%w: %s job of %d keys is still running %v after it started", ErrBuffersInUse, job.kind, len(job.plans), w.timeout)
 	}
 }
@@ -454,7 +463,7 @@ func (w *WorkerHandle) blockedCount() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for j := range w.inflight {
-		if started, dl := j.runState(); started && !now.Before(dl) && !j.ended() && j.connection() == cur {
+		if started, dl := j.runState(); started && !now.Before(dl) && !j.ended() && !j.waitingForStream() && j.connection() == cur {
 			n++
 		}
 	}

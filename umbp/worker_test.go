@@ -442,3 +442,35 @@ func TestFallbackKeyErrors(t *testing.T) {
 		t.Errorf("the staged key carries %q, want the staging buffer's error", staged)
 	}
 }
+
+// TestTransferInParts: a job of more ranges than one part holds goes to the
+// server as several requests, run concurrently, and moves every byte.
+func TestTransferInParts(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	const layers, blocks = 32, 96 // 3072 ranges: 3 parts
+	a := newEngine(t, rt, layers, blocks, 256)
+	b := newEngine(t, rt, layers, blocks, 256)
+	plans := a.plans(t, "parts", ids(blocks)...)
+	a.fill(plans, 0x3c)
+	before := srv.Calls("BatchPutRanges")
+	job := a.w.Store(plans)
+	waitJob(t, a.w, job)
+	if job.Status() != umbp.JobCompleted {
+		t.Fatalf("store: %s %q", job.Status(), job.Err())
+	}
+	if n := srv.Calls("BatchPutRanges") - before; n != 3 {
+		t.Fatalf("the store made %d requests, want 3", n)
+	}
+	before = srv.Calls("BatchGetRanges")
+	loads := b.plans(t, "parts", ids(blocks)...)
+	job = b.w.Load(loads)
+	waitJob(t, b.w, job)
+	if job.Status() != umbp.JobCompleted {
+		t.Fatalf("load: %s %q", job.Status(), job.Err())
+	}
+	if n := srv.Calls("BatchGetRanges") - before; n != 3 {
+		t.Fatalf("the load made %d requests, want 3", n)
+	}
+	b.check(t, loads, 0x3c, ids(blocks))
+}
