@@ -47,6 +47,22 @@ func mmapHost(tb testing.TB, size int) ([]byte, uintptr) {
 	return b, uintptr(unsafe.Pointer(&b[0]))
 }
 
+// pinnedHost is mmapHost's memory pinned with HostRegister until the test
+// ends.
+func pinnedHost(tb testing.TB, rt *Runtime, size int) ([]byte, uintptr) {
+	tb.Helper()
+	b, p := mmapHost(tb, size)
+	if err := rt.HostRegister(p, uint64(size)); err != nil {
+		tb.Fatalf("HostRegister: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := rt.HostUnregister(p); err != nil {
+			tb.Errorf("HostUnregister: %v", err)
+		}
+	})
+	return b, p
+}
+
 func fillPattern(b []byte, seed byte) {
 	for i := range b {
 		b[i] = byte(i*31) ^ seed
@@ -255,18 +271,8 @@ func exerciseRuntime(t *testing.T, rt *Runtime) {
 		}
 		const size, pieces = 1 << 20, 64
 		const piece = size / pieces
-		src, srcPtr := mmapHost(t, size)
-		dst, dstPtr := mmapHost(t, size)
-		for _, p := range []uintptr{srcPtr, dstPtr} {
-			if err := rt.HostRegister(p, size); err != nil {
-				t.Fatalf("HostRegister: %v", err)
-			}
-			t.Cleanup(func() {
-				if err := rt.HostUnregister(p); err != nil {
-					t.Errorf("HostUnregister: %v", err)
-				}
-			})
-		}
+		src, srcPtr := pinnedHost(t, rt, size)
+		dst, dstPtr := pinnedHost(t, rt, size)
 		fillPattern(src, 0x3c)
 		d := mustMalloc(t, rt, dev, size)
 		s, err := rt.StreamCreate(dev)
@@ -309,18 +315,8 @@ func exerciseRuntime(t *testing.T, rt *Runtime) {
 
 	t.Run("StreamsEvents", func(t *testing.T) {
 		const size = 1 << 20
-		src, srcPtr := mmapHost(t, size)
-		dst, dstPtr := mmapHost(t, size)
-		for _, p := range []uintptr{srcPtr, dstPtr} {
-			if err := rt.HostRegister(p, size); err != nil {
-				t.Fatalf("HostRegister: %v", err)
-			}
-			t.Cleanup(func() {
-				if err := rt.HostUnregister(p); err != nil {
-					t.Errorf("HostUnregister: %v", err)
-				}
-			})
-		}
+		src, srcPtr := pinnedHost(t, rt, size)
+		dst, dstPtr := pinnedHost(t, rt, size)
 		fillPattern(src, 0xc3)
 		d := mustMalloc(t, rt, dev, size)
 		s, err := rt.StreamCreate(dev)
@@ -531,16 +527,8 @@ func BenchmarkMemcpy4MiB(b *testing.B) {
 	const size = 4 << 20
 	dev := 0
 	d := mustMalloc(b, rt, dev, size)
-	pinned, pinnedPtr := mmapHost(b, size)
+	pinned, pinnedPtr := pinnedHost(b, rt, size)
 	fillPattern(pinned, 1)
-	if err := rt.HostRegister(pinnedPtr, size); err != nil {
-		b.Fatalf("HostRegister: %v", err)
-	}
-	b.Cleanup(func() {
-		if err := rt.HostUnregister(pinnedPtr); err != nil {
-			b.Errorf("HostUnregister: %v", err)
-		}
-	})
 	pageable, pageablePtr := mmapHost(b, size)
 	fillPattern(pageable, 2)
 
@@ -581,15 +569,7 @@ func BenchmarkMemcpyPieces(b *testing.B) {
 	const size = 4 << 20
 	dev := 0
 	d := mustMalloc(b, rt, dev, size)
-	_, pinnedPtr := mmapHost(b, size)
-	if err := rt.HostRegister(pinnedPtr, size); err != nil {
-		b.Fatalf("HostRegister: %v", err)
-	}
-	b.Cleanup(func() {
-		if err := rt.HostUnregister(pinnedPtr); err != nil {
-			b.Errorf("HostUnregister: %v", err)
-		}
-	})
+	_, pinnedPtr := pinnedHost(b, rt, size)
 	var streams [4]Stream
 	for i := range streams {
 		s, err := rt.StreamCreate(dev)
@@ -684,15 +664,7 @@ func BenchmarkMemcpyLayerMajor(b *testing.B) {
 	const size = blocks * layers * piece
 	dev := 0
 	d := mustMalloc(b, rt, dev, size)
-	_, host := mmapHost(b, size)
-	if err := rt.HostRegister(host, size); err != nil {
-		b.Fatalf("HostRegister: %v", err)
-	}
-	b.Cleanup(func() {
-		if err := rt.HostUnregister(host); err != nil {
-			b.Errorf("HostUnregister: %v", err)
-		}
-	})
+	_, host := pinnedHost(b, rt, size)
 	s, err := rt.StreamCreate(dev)
 	if err != nil {
 		b.Fatal(err)
