@@ -79,3 +79,15 @@ gpu-check:
 	CGO_ENABLED=1 GOARCH=amd64 $(GO) build -ldflags='-s -w' -o $(GPU_CHECK)/standalone-server ./examples/standalone-server
 	install -m 0755 scripts/gpu-check.sh $(GPU_CHECK)/run.sh
 	(git describe --always --dirty 2>/dev/null || echo unknown) >$(GPU_CHECK)/BUILD
+
+# The same GPU tests under the race detector, worker and server both: test
+# binaries, the server and run.sh (scripts/gpu-race.sh) in dist/gpu-race/.
+GPU_RACE := dist/gpu-race
+.PHONY: gpu-race
+gpu-race:
+	rm -rf $(GPU_RACE) && mkdir -p $(GPU_RACE)
+	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -race -c -ldflags='-s -w' -o $(GPU_RACE)/server.test ./internal/server
+	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -race -c -ldflags='-s -w' -o $(GPU_RACE)/umbp.test ./umbp
+	CGO_ENABLED=1 GOARCH=amd64 $(GO) build -race -ldflags='-s -w' -o $(GPU_RACE)/standalone-server ./examples/standalone-server
+	install -m 0755 scripts/gpu-race.sh $(GPU_RACE)/run.sh
+	(git describe --always --dirty 2>/dev/null || echo unknown) >$(GPU_RACE)/BUILD
