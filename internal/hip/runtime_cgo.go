@@ -463,26 +463,7 @@ func open(opts Options) (*Runtime, error) {
 // openHIP uses the first HIP library that loads with every symbol, if it
 // initialises and counts a device.
 func openHIP(paths []string, why *[]string) *Runtime {
-	for _, p := range paths {
-		h, err := dlopen(p)
-		if err != nil {
-			*why = append(*why, "HIP "+err.Error())
-			continue
-		}
-		r := newRuntime(VendorHIP, p)
-		if missing := r.bind(h, false); len(missing) > 0 {
-			*why = append(*why, fmt.Sprintf("HIP %s: missing symbols %s", p, strings.Join(missing, ", ")))
-			r.release()
-			continue
-		}
-		if err := r.probe(); err != nil {
-			*why = append(*why, fmt.Sprintf("HIP %s: %v", p, err))
-			r.release()
-			return nil
-		}
-		return r
-	}
-	return nil
+	return openFirst(VendorHIP, paths, why)
 }
 
 // openCUDA uses the first CUDA runtime that loads with every symbol and
@@ -490,39 +471,52 @@ func openHIP(paths []string, why *[]string) *Runtime {
 // symbols. The driver is opened after the runtime has initialised, so that
 // its soname finds the copy the runtime loaded.
 func openCUDA(rtPaths, drvPaths []string, why *[]string) *Runtime {
-	for _, p := range rtPaths {
-		h, err := dlopen(p)
+	r := openFirst(VendorCUDA, rtPaths, why)
+	if r == nil {
+		return nil
+	}
+	for _, d := range drvPaths {
+		dh, err := dlopen(d)
 		if err != nil {
-			*why = append(*why, "CUDA "+err.Error())
+			*why = append(*why, "CUDA driver "+err.Error())
 			continue
 		}
-		r := newRuntime(VendorCUDA, p)
+		if missing := r.bind(dh, true); len(missing) > 0 {
+			*why = append(*why, fmt.Sprintf("CUDA driver %s: missing symbols %s", d, strings.Join(missing, ", ")))
+			continue
+		}
+		r.driver = d
+		return r
+	}
+	*why = append(*why, "CUDA: no usable driver library")
+	r.release()
+	return nil
+}
+
+// openFirst returns a runtime of vendor on the first of paths that loads
+// with every symbol of its own library, once it has initialised and counted
+// a device; a library that loads but fails that ends the search. Why each
+// candidate was passed over goes to why.
+func openFirst(v Vendor, paths []string, why *[]string) *Runtime {
+	label := strings.ToUpper(string(v))
+	for _, p := range paths {
+		h, err := dlopen(p)
+		if err != nil {
+			*why = append(*why, label+" "+err.Error())
+			continue
+		}
+		r := newRuntime(v, p)
 		if missing := r.bind(h, false); len(missing) > 0 {
-			*why = append(*why, fmt.Sprintf("CUDA %s: missing symbols %s", p, strings.Join(missing, ", ")))
+			*why = append(*why, fmt.Sprintf("%s %s: missing symbols %s", label, p, strings.Join(missing, ", ")))
 			r.release()
 			continue
 		}
 		if err := r.probe(); err != nil {
-			*why = append(*why, fmt.Sprintf("CUDA %s: %v", p, err))
+			*why = append(*why, fmt.Sprintf("%s %s: %v", label, p, err))
 			r.release()
 			return nil
 		}
-		for _, d := range drvPaths {
-			dh, err := dlopen(d)
-			if err != nil {
-				*why = append(*why, "CUDA driver "+err.Error())
-				continue
-			}
-			if missing := r.bind(dh, true); len(missing) > 0 {
-				*why = append(*why, fmt.Sprintf("CUDA driver %s: missing symbols %s", d, strings.Join(missing, ", ")))
-				continue
-			}
-			r.driver = d
-			return r
-		}
-		*why = append(*why, "CUDA: no usable driver library")
-		r.release()
-		return nil
+		return r
 	}
 	return nil
 }

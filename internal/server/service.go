@@ -42,20 +42,27 @@ func (v *service) Ping(context.Context, *umbppb.Empty) (*umbppb.PingResponse, er
 	}, nil
 }
 
-// Put stores one object from client memory; an existing key keeps its value.
-func (v *service) Put(_ context.Context, req *umbppb.PutRequest) (*umbppb.BoolResponse, error) {
-	s := v.s
+// one serves a Put or Get of one object: it resolves the client's memory and
+// runs do on it while the op is tracked and the region leased.
+func (s *Server) one(client string, base, off, size uint64, do func(l loc) *umbppb.BoolResponse) *umbppb.BoolResponse {
 	if !s.ops.begin() {
-		return failReply(MsgShuttingDown), nil
+		return failReply(MsgShuttingDown)
 	}
 	defer s.ops.end()
 	var out [1]loc
-	l, ok := s.regs.resolve(req.GetClientId(), []span{{req.GetRegionBase(), req.GetShmOffset(), req.GetSize()}}, false, out[:])
+	l, ok := s.regs.resolve(client, []span{{base, off, size}}, false, out[:])
 	if !ok {
-		return failReply(MsgBadShmBuffer), nil
+		return failReply(MsgBadShmBuffer)
 	}
 	defer l.release()
-	return boolReply(s.store(req.GetKey(), out[0], req.GetSize(), 0)), nil
+	return do(out[0])
+}
+
+// Put stores one object from client memory; an existing key keeps its value.
+func (v *service) Put(_ context.Context, req *umbppb.PutRequest) (*umbppb.BoolResponse, error) {
+	return v.s.one(req.GetClientId(), req.GetRegionBase(), req.GetShmOffset(), req.GetSize(), func(l loc) *umbppb.BoolResponse {
+		return boolReply(v.s.store(req.GetKey(), l, req.GetSize(), 0))
+	}), nil
 }
 
 // store copies size bytes at l into a new object under key unless the key is
@@ -81,18 +88,9 @@ func (s *Server) store(key string, l loc, size, batch uint64) error {
 // Get copies one object to client memory; a missing key or another size is
 // false with no text.
 func (v *service) Get(_ context.Context, req *umbppb.GetRequest) (*umbppb.BoolResponse, error) {
-	s := v.s
-	if !s.ops.begin() {
-		return failReply(MsgShuttingDown), nil
-	}
-	defer s.ops.end()
-	var out [1]loc
-	l, ok := s.regs.resolve(req.GetClientId(), []span{{req.GetRegionBase(), req.GetShmOffset(), req.GetSize()}}, false, out[:])
-	if !ok {
-		return failReply(MsgBadShmBuffer), nil
-	}
-	defer l.release()
-	return &umbppb.BoolResponse{Ok: s.fetch(req.GetKey(), out[0], req.GetSize())}, nil
+	return v.s.one(req.GetClientId(), req.GetRegionBase(), req.GetShmOffset(), req.GetSize(), func(l loc) *umbppb.BoolResponse {
+		return &umbppb.BoolResponse{Ok: v.s.fetch(req.GetKey(), l, req.GetSize())}
+	}), nil
 }
 
 // fetch copies the object stored under key to l if it is size bytes.
