@@ -131,8 +131,14 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 			// back to the pool meanwhile.
 			detached = true
 			go func() {
+				if err := c.WaitPeersGone(context.Background()); err != nil {
+					// Nothing can prove that server gone: the job stays
+					// running and its buffers in use, for good.
+					w.log.Error("UMBP standalone transfer lost with a server that cannot be watched; its buffers stay in use",
+						"endpoint", w.address, "kind", job.kind.String(), "keys", len(job.plans), "err", err)
+					return
+				}
 				defer w.finish(job, items)
-				_ = c.WaitPeersGone(context.Background())
 				settle()
 			}()
 		}
@@ -289,8 +295,10 @@ func (w *WorkerHandle) run(job *TransferJob, c *conn.Conn, items []item, ranged 
 	// keyErr is the error of item k: the error of the request (or the part
 	// of a split batch) that carried it.
 	keyErr := func(k int) string {
-		e := conn.ErrFor(err, k)
-		if !ranged {
+		var e error
+		if ranged {
+			e = conn.ErrFor(err, k)
+		} else {
 			e = itemErrs[k]
 		}
 		switch {
@@ -301,11 +309,16 @@ func (w *WorkerHandle) run(job *TransferJob, c *conn.Conn, items []item, ranged 
 		}
 		return e.Error()
 	}
-	outcomes := func() {
+	// outcomes sets every item's outcome; lost, when set, is the error of a
+	// retry whose transport failed, for the items that are still failed.
+	outcomes := func(lost error) {
 		for k, it := range items {
 			msg := ""
 			if !results[k] {
 				msg = keyErr(k)
+				if msg == "" && lost != nil {
+					msg = lost.Error()
+				}
 			}
 			switch {
 			case results[k]:
@@ -320,11 +333,16 @@ func (w *WorkerHandle) run(job *TransferJob, c *conn.Conn, items []item, ranged 
 		}
 	}
 	if errors.Is(err, conn.ErrUnavailable) {
-		return outcomes
+		return func() { outcomes(nil) }
 	}
 	if job.kind == kindStore {
 		_, deadline := job.runState()
-		w.retryStores(ctx, c, items, results, ranged, deadline)
+		if lost := w.retryStores(ctx, c, items, results, ranged, deadline); lost != nil {
+			// As above: a server that lives on may still read the key.
+			w.logFailure(job.kind.String(), lost)
+			w.link.failed(lost)
+			return func() { outcomes(lost) }
+		}
 		if ok, ferr := c.Flush(ctx); ferr != nil || !ok {
 			msg := "final flush failed"
 			if ferr != nil {
@@ -334,16 +352,17 @@ func (w *WorkerHandle) run(job *TransferJob, c *conn.Conn, items []item, ranged 
 			return nil
 		}
 	}
-	outcomes()
+	outcomes(nil)
 	return nil
 }
 
 // retryStores retries each refused key on its own, after a Flush and a
-// pause, twice.
-func (w *WorkerHandle) retryStores(ctx context.Context, c *conn.Conn, items []item, results []bool, ranged bool, deadline time.Time) {
+// pause, twice. It stops at the first retry whose transport failed and
+// returns that error: the server may still be reading the key's memory.
+func (w *WorkerHandle) retryStores(ctx context.Context, c *conn.Conn, items []item, results []bool, ranged bool, deadline time.Time) error {
 	for _, pause := range storeRetryBackoff {
 		if time.Until(deadline) < pause { // no retry may make the job late
-			return
+			return nil
 		}
 		var failed []int
 		for k, ok := range results {
@@ -352,10 +371,10 @@ func (w *WorkerHandle) retryStores(ctx context.Context, c *conn.Conn, items []it
 			}
 		}
 		if len(failed) == 0 {
-			return
+			return nil
 		}
 		if _, err := c.Flush(ctx); err != nil && errors.Is(err, conn.ErrUnavailable) {
-			return
+			return nil // a Flush names no memory
 		}
 		time.Sleep(pause)
 		for _, k := range failed {
@@ -367,11 +386,15 @@ func (w *WorkerHandle) retryStores(ctx context.Context, c *conn.Conn, items []it
 			} else {
 				got, _, err = w.fallbackBatch(ctx, c, kindStore, one)
 			}
+			if errors.Is(err, conn.ErrUnavailable) {
+				return err
+			}
 			if err == nil && len(got) == 1 && got[0] {
 				results[k] = true
 			}
 		}
 	}
+	return nil
 }
 
 // A job's ranged transfer goes to the server in parts of about partRanges

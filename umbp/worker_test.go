@@ -474,3 +474,31 @@ func TestTransferInParts(t *testing.T) {
 	}
 	b.check(t, loads, 0x3c, ids(blocks))
 }
+
+// TestStoreRetryTransportFails: a store retry whose transport fails ends the
+// key with that error, like a first attempt that failed so, instead of being
+// dropped as a plain refusal.
+func TestStoreRetryTransportFails(t *testing.T) {
+	t.Cleanup(umbp.SetStoreRetryBackoff([]time.Duration{300 * time.Millisecond}))
+	srv := newServer(t, umbptest.Options{Capacity: 4096})
+	cfg := testConfig(t, srv.Endpoint())
+	cfg.Timeout = 10 * time.Second
+	rt := newRuntime(t, cfg)
+	e := newEngine(t, rt, 1, 4, 8192) // a block larger than the pool: refused
+	plans := e.plans(t, "big", 0)
+	flushes := srv.Calls("Flush")
+	job := e.w.Store(plans)
+	// The retry comes 300 ms after its Flush: make it fail in transport.
+	deadline := time.Now().Add(5 * time.Second)
+	for srv.Calls("Flush") == flushes {
+		if time.Now().After(deadline) {
+			t.Fatal("the store never retried")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	srv.FailNext("BatchPutRanges", 1)
+	waitJob(t, e.w, job)
+	if job.Status() != umbp.JobFailed || !strings.Contains(job.KeyErr(0), "unavailable") {
+		t.Fatalf("store: %s, key error %q; want the retry's transport error", job.Status(), job.KeyErr(0))
+	}
+}

@@ -35,6 +35,10 @@ var (
 	ErrInvalidArgument = errors.New("invalid argument")
 	// ErrClosed means the Conn was closed.
 	ErrClosed = errors.New("umbp connection closed")
+	// ErrPeerUnknown means a server process behind the connection could
+	// not be pinned (another pid namespace on a kernel without
+	// SO_PEERPIDFD), so its exit cannot be observed.
+	ErrPeerUnknown = errors.New("umbp server process cannot be identified")
 	// ErrUntrustedServer means the server failed the trust check made
 	// before any memory is shared with it: a socket file not owned by a
 	// trusted uid, writable by others or not a socket, or a server process

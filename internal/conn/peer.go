@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"os"
+	"slices"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -16,15 +17,17 @@ import (
 type peers struct {
 	mu      sync.Mutex
 	fds     []int
-	unknown bool // a transport whose peer could not be pinned
+	unknown bool // a transport whose server could not be pinned
 	closed  bool
 }
 
 // add pins the process behind a freshly dialled transport: by
 // SO_PEERPIDFD where the kernel has it (Linux 6.5; it works across pid
-// namespaces), else by its pid from SO_PEERCRED.
+// namespaces), else by its pid from SO_PEERCRED. A server in this very
+// process (tests) is not pinned; one that cannot be pinned otherwise (in
+// another pid namespace on an older kernel) is remembered as unknown.
 func (p *peers) add(c *net.UnixConn) {
-	pidfd, pid := -1, 0
+	pidfd, pid, gone := -1, 0, false
 	if raw, err := c.SyscallConn(); err == nil {
 		_ = raw.Control(func(fd uintptr) {
 			if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
@@ -37,9 +40,14 @@ func (p *peers) add(c *net.UnixConn) {
 			}
 		})
 	}
-	if pidfd < 0 && pid > 0 && pid != os.Getpid() {
-		if f, err := unix.PidfdOpen(pid, 0); err == nil {
-			pidfd = f
+	if pid == os.Getpid() {
+		return
+	}
+	if pidfd < 0 && pid > 0 {
+		f, err := unix.PidfdOpen(pid, 0)
+		pidfd, gone = f, err == unix.ESRCH // already exited: nothing to wait for
+		if err != nil {
+			pidfd = -1
 		}
 	}
 	p.mu.Lock()
@@ -50,13 +58,12 @@ func (p *peers) add(c *net.UnixConn) {
 		}
 		return
 	}
-	if pidfd < 0 {
-		// A server in this very process (tests), or one that cannot be
-		// pinned: nothing to wait on.
+	switch {
+	case pidfd >= 0:
+		p.fds = append(p.fds, pidfd)
+	case !gone:
 		p.unknown = true
-		return
 	}
-	p.fds = append(p.fds, pidfd)
 }
 
 func (p *peers) close() {
@@ -72,34 +79,41 @@ func (p *peers) close() {
 // WaitPeersGone waits until every server process this connection has had a
 // transport to has exited, or ctx ends. A transfer that failed with
 // ErrUnavailable holds its buffers until then: the server may still be
-// copying. Peers that cannot be pinned (a server in another pid namespace,
-// or in this process) are not waited for.
+// copying. A server in this process is not waited for. When a server could
+// not be pinned it returns ErrPeerUnknown at once: nothing can prove that
+// server gone, and the buffers must never be released.
 func (c *Conn) WaitPeersGone(ctx context.Context) error {
 	// Duplicates, so that a concurrent Close cannot pull them away.
 	c.peers.mu.Lock()
-	var fds []int
+	unknown := c.peers.unknown
+	var pfds []unix.PollFd
 	for _, fd := range c.peers.fds {
 		if d, err := unix.Dup(fd); err == nil {
-			fds = append(fds, d)
+			pfds = append(pfds, unix.PollFd{Fd: int32(d), Events: unix.POLLIN})
 		}
 	}
 	c.peers.mu.Unlock()
 	defer func() {
-		for _, fd := range fds {
-			_ = unix.Close(fd)
+		for _, p := range pfds {
+			_ = unix.Close(int(p.Fd))
 		}
 	}()
-	for _, fd := range fds {
-		for {
-			pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-			n, err := unix.Poll(pfd, 100)
-			if err == nil && n > 0 && pfd[0].Revents&(unix.POLLIN|unix.POLLHUP) != 0 {
-				break // exited
+	if unknown {
+		return ErrPeerUnknown
+	}
+	// One poll over every pidfd still open; an exited process's pidfd
+	// reads ready. A timeout, or an interrupted poll, proves nothing.
+	left := pfds
+	for len(left) > 0 {
+		n, err := unix.Poll(left, 100)
+		if err == nil && n > 0 {
+			left = slices.DeleteFunc(left, func(p unix.PollFd) bool { return p.Revents&(unix.POLLIN|unix.POLLHUP) != 0 })
+			for i := range left {
+				left[i].Revents = 0
 			}
-			// Anything else proves nothing: look again until ctx ends.
-			if err := ctx.Err(); err != nil {
-				return err
-			}
+		}
+		if err := ctx.Err(); err != nil && len(left) > 0 {
+			return err
 		}
 	}
 	return nil

@@ -43,3 +43,22 @@ func TestWaitPeersGoneInProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestWaitPeersGoneUnknown: a server that could not be pinned can never be
+// proven gone; the wait says so at once instead of pretending.
+func TestWaitPeersGoneUnknown(t *testing.T) {
+	f := startFake(t)
+	c := dial(t, f.endpoint, quiet)
+	c.peers.mu.Lock()
+	c.peers.unknown = true
+	c.peers.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	start := time.Now()
+	if err := c.WaitPeersGone(ctx); !errors.Is(err, ErrPeerUnknown) {
+		t.Fatalf("WaitPeersGone with an unknown peer = %v, want ErrPeerUnknown", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("WaitPeersGone took %v", d)
+	}
+}

@@ -1,6 +1,10 @@
 package umbp
 
-import "github.com/umbp-go/umbp-go/internal/hip"
+import (
+	"time"
+
+	"github.com/umbp-go/umbp-go/internal/hip"
+)
 
 // SetGPURuntime makes the package use rt, or fail with err, instead of the
 // process's GPU runtime, until restore is called.
@@ -14,4 +18,12 @@ func SetGPURuntime(rt *hip.Runtime, err error) (restore func()) {
 		defer gpuLoader.mu.Unlock()
 		gpuLoader.load = old
 	}
+}
+
+// SetStoreRetryBackoff makes stores pause for d before their retries until
+// restore is called.
+func SetStoreRetryBackoff(d []time.Duration) (restore func()) {
+	old := storeRetryBackoff
+	storeRetryBackoff = d
+	return func() { storeRetryBackoff = old }
 }
