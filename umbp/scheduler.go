@@ -78,8 +78,9 @@ func (r *StandaloneRuntime) NewSchedulerHandle(ctx context.Context, namespace st
 }
 
 // replaced runs when the link attached to a new server: calls go to a new
-// pool, and the old connection closes once the old pool's last call
-// returns.
+// pool, and the old connection closes at once. A lookup names no client
+// memory, and closing cancels a call stuck on the old server, so the old
+// pool's goroutine is freed too.
 func (h *SchedulerHandle) replaced(old *conn.Conn) {
 	h.mu.Lock()
 	oldPool := h.calls
@@ -94,10 +95,7 @@ func (h *SchedulerHandle) replaced(old *conn.Conn) {
 	if swapped {
 		oldPool.Shutdown(false, true)
 	} // else Close shuts it down
-	go func() {
-		<-oldPool.Terminated()
-		_ = old.Close()
-	}()
+	_ = old.Close()
 }
 
 // call runs fn on the handle's detached goroutine and waits for it at most
@@ -125,7 +123,8 @@ func (h *SchedulerHandle) call(ctx context.Context, method string, fn func(conte
 			return nil, errUnanswered
 		}
 	}
-	f, err := h.calls.Submit(func() (any, error) {
+	pool := h.calls
+	f, err := pool.Submit(func() (any, error) {
 		v, err := fn(context.Background(), c)
 		h.link.failed(err)
 		return v, err
@@ -149,7 +148,9 @@ func (h *SchedulerHandle) call(ctx context.Context, method string, fn func(conte
 	}
 	if !f.Cancel() { // a call that never started holds nothing up
 		h.mu.Lock()
-		if h.unanswered == nil || isDone(h.unanswered) {
+		// A call on a pool replaced meanwhile holds up nothing: its
+		// connection is closed.
+		if h.calls == pool && (h.unanswered == nil || isDone(h.unanswered)) {
 			h.unanswered = f
 		}
 		h.mu.Unlock()

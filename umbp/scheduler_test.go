@@ -5,10 +5,14 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+
+	"github.com/umbp-go/umbp-go/internal/server"
 	"github.com/umbp-go/umbp-go/umbp"
 	"github.com/umbp-go/umbp-go/umbp/umbptest"
 )
@@ -257,5 +261,63 @@ func TestLookupServerProcessStoppedAndKilled(t *testing.T) {
 		if el := time.Since(start); el > cfg.LookupTimeout+margin {
 			t.Fatalf("lookup on a killed server took %v", el)
 		}
+	}
+}
+
+// TestSchedulerTakeoverWhileStuck: a lookup stuck on a wedged server when a
+// new server takes over its socket does not hold up the handle: once the
+// handle has attached to the new server, lookups are answered again.
+func TestSchedulerTakeoverWhileStuck(t *testing.T) {
+	ep := filepath.Join(shortDir(t), "x.grpc.sock")
+	hang := make(chan struct{})
+	var wedged atomic.Bool
+	a, err := server.New(server.Options{Endpoint: ep, Logger: testLogger(t),
+		UnaryInterceptor: func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			if wedged.Load() {
+				<-hang // never answers
+			}
+			return h(ctx, req)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	t.Cleanup(func() { close(hang) })
+	cfg := testConfig(t, ep)
+	cfg.LookupTimeout = time.Second
+	rt := newRuntime(t, cfg)
+	h, err := rt.NewSchedulerHandle(context.Background(), "x", umbp.RankTopology{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close() })
+
+	wedged.Store(true)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.Lookup(context.Background(), []string{"k"}) // stuck on a: a miss after 1 s
+	}()
+	time.Sleep(300 * time.Millisecond)
+	b, err := server.New(server.Options{Endpoint: ep, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	<-done
+	deadline := time.Now().Add(10 * time.Second)
+	for h.Stats().Reconnects == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the handle never attached to the new server")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	before := h.Stats()
+	for range 5 {
+		h.Lookup(context.Background(), []string{"k"})
+	}
+	if after := h.Stats(); after.Failures != before.Failures || after.Timeouts != before.Timeouts {
+		t.Fatalf("lookups after the takeover still fail: failures %d->%d, timeouts %d->%d",
+			before.Failures, after.Failures, before.Timeouts, after.Timeouts)
 	}
 }
