@@ -66,7 +66,7 @@ func newPool(capacity uint64, prefault bool) (*pool, error) {
 	arenaLen := (capacity + page - 1) / page * page
 	flags := unix.MAP_PRIVATE | unix.MAP_ANONYMOUS | unix.MAP_NORESERVE
 	if prefault {
-		flags = unix.MAP_PRIVATE | unix.MAP_ANONYMOUS | unix.MAP_POPULATE
+		flags = unix.MAP_PRIVATE | unix.MAP_ANONYMOUS // committed now
 	}
 	arena, err := unix.Mmap(-1, 0, int(arenaLen), unix.PROT_READ|unix.PROT_WRITE, flags)
 	if err != nil {
@@ -74,14 +74,29 @@ func newPool(capacity uint64, prefault bool) (*pool, error) {
 	}
 	// Huge pages: a first write into the pool then faults once per 2 MiB,
 	// not once per 4 KiB, which dominates a fresh pool's store throughput.
-	// Best effort: kernels without transparent huge pages refuse it.
+	// Best effort: kernels without transparent huge pages refuse it. The
+	// advice comes before any page is mapped, or it has none to apply to.
 	_ = unix.Madvise(arena, unix.MADV_HUGEPAGE)
+	if prefault {
+		populate(arena, page)
+	}
 	return &pool{
 		arena:    arena,
 		capacity: capacity,
 		alloc:    newAllocator(arenaLen),
 		objects:  make(map[string]*object),
 	}, nil
+}
+
+// populate maps every page of arena now: MADV_POPULATE_WRITE (Linux 5.14),
+// else a write to each page.
+func populate(arena []byte, page uint64) {
+	if unix.Madvise(arena, unix.MADV_POPULATE_WRITE) == nil {
+		return
+	}
+	for i := uint64(0); i < uint64(len(arena)); i += page {
+		arena[i] = 0
+	}
 }
 
 // base is the arena's address, for GPU copies and pinning.

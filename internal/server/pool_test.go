@@ -1,7 +1,11 @@
 package server
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
+	"os"
+	"strings"
 	"testing"
 )
 
@@ -124,4 +128,44 @@ func TestPoolRefusesWithoutEvicting(t *testing.T) {
 	}
 	p.abort(o)
 	p.abort(inFlight)
+}
+
+// TestPoolPrefaultHugePages: a prefaulted pool is backed by transparent
+// huge pages where the kernel offers them on request.
+func TestPoolPrefaultHugePages(t *testing.T) {
+	for _, f := range []string{"enabled", "defrag"} {
+		b, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/" + f)
+		if err != nil || !bytes.Contains(b, []byte("[always]")) && !bytes.Contains(b, []byte("[madvise]")) {
+			t.Skipf("transparent huge pages %s: %q, %v", f, b, err)
+		}
+	}
+	p, err := newPool(64<<20, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	smaps, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		t.Skip(err)
+	}
+	// The arena's entry: the one whose address range holds the arena.
+	base := uint64(p.base())
+	var huge string
+	in := false
+	for _, line := range strings.Split(string(smaps), "\n") {
+		var lo, hi uint64
+		if n, _ := fmt.Sscanf(line, "%x-%x ", &lo, &hi); n == 2 {
+			in = lo <= base && base < hi
+			continue
+		}
+		if in && strings.HasPrefix(line, "AnonHugePages:") {
+			huge = strings.TrimSpace(strings.TrimPrefix(line, "AnonHugePages:"))
+		}
+	}
+	if huge == "" {
+		t.Fatalf("no smaps entry for the arena at %#x", base)
+	}
+	if huge == "0 kB" {
+		t.Fatalf("a prefaulted 64 MiB pool has no huge pages (AnonHugePages: %s)", huge)
+	}
 }
