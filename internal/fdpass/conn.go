@@ -56,12 +56,14 @@ func Send(ctx context.Context, path string, fd int, reg Registration, check Peer
 	}
 	conn := c.(*net.UnixConn)
 	defer conn.Close()
-	// The context may end while we read: close the socket to unblock.
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
 	if err := conn.SetDeadline(deadline); err != nil {
 		return fmt.Errorf("fdpass: %s: %w", path, err)
 	}
+	// The context may end before the deadline: a deadline in the past then
+	// unblocks the write or read. Set after the deadline above, so that a
+	// cancel in between is not overwritten.
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
 	if check != nil {
 		if err := check(conn); err != nil {
 			return err

@@ -62,23 +62,25 @@ func (s *Server) serveFD(conn *net.UnixConn) {
 	}
 	defer s.untrackFD(conn)
 	s.fdHandoffs.Add(1)
-	status := s.handoff(conn)
+	// One bound for the whole exchange: receive, register and reply.
+	deadline := time.Now().Add(s.opts.FDReceiveTimeout)
+	status := s.handoff(conn, deadline)
 	if status != fdpass.StatusOK {
 		s.fdRejected.Add(1)
 	}
-	if err := fdpass.Reply(conn, status, time.Now().Add(s.opts.FDReceiveTimeout)); err != nil {
+	if err := fdpass.Reply(conn, status, deadline); err != nil {
 		s.log.Debug("umbp server: fd handoff reply", "err", err)
 	}
 }
 
-func (s *Server) handoff(conn *net.UnixConn) int32 {
+func (s *Server) handoff(conn *net.UnixConn, deadline time.Time) int32 {
 	var refused error
 	if gate := s.opts.FDGate; gate != nil {
 		refused = gate(s.ctx)
 	}
 	// The message is read even when the gate refused it, so that the client
 	// gets its -1 rather than a broken pipe, and its descriptor is closed.
-	reg, f, err := fdpass.Receive(conn, time.Now().Add(s.opts.FDReceiveTimeout))
+	reg, f, err := fdpass.Receive(conn, deadline)
 	if err != nil {
 		if refused == nil && s.ctx.Err() == nil {
 			s.log.Warn("umbp server: fd handoff: no valid registration", "err", err)
@@ -105,23 +107,22 @@ func (s *Server) handoff(conn *net.UnixConn) int32 {
 // at least that large: mapping past its end would fault on first touch.
 func (s *Server) registerFD(reg fdpass.Registration, f *os.File) error {
 	defer f.Close()
-	fd := int(f.Fd())
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return fmt.Errorf("fstat: %w", err)
+	fi, err := f.Stat()
+	if err != nil {
+		return err
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return fmt.Errorf("descriptor is not a regular file (mode %#o)", st.Mode)
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("descriptor is not a regular file (mode %v)", fi.Mode())
 	}
-	if st.Size < 0 || reg.Size > uint64(st.Size) {
-		return fmt.Errorf("registration claims %d bytes of a %d-byte file", reg.Size, st.Size)
+	if fi.Size() < 0 || reg.Size > uint64(fi.Size()) {
+		return fmt.Errorf("registration claims %d bytes of a %d-byte file", reg.Size, fi.Size())
 	}
 	if reg.Size > math.MaxInt {
 		return fmt.Errorf("size %d cannot be mapped", reg.Size)
 	}
 	// MAP_POPULATE maps every page now, once, rather than faulting on the
 	// first touch of each page inside a data op.
-	mem, err := unix.Mmap(fd, 0, int(reg.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	mem, err := unix.Mmap(int(f.Fd()), 0, int(reg.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
 	if err != nil {
 		return fmt.Errorf("mmap %d bytes: %w", reg.Size, err)
 	}
