@@ -54,6 +54,9 @@ func (s *Server) acceptFD() {
 	}
 }
 
+// replyTimeout bounds writing a handoff's status.
+const replyTimeout = time.Second
+
 // serveFD handles one fd-handoff connection: receive, register, reply, close.
 func (s *Server) serveFD(conn *net.UnixConn) {
 	defer conn.Close()
@@ -62,13 +65,13 @@ func (s *Server) serveFD(conn *net.UnixConn) {
 	}
 	defer s.untrackFD(conn)
 	s.fdHandoffs.Add(1)
-	// One bound for the whole exchange: receive, register and reply.
-	deadline := time.Now().Add(s.opts.FDReceiveTimeout)
-	status := s.handoff(conn, deadline)
+	status := s.handoff(conn, time.Now().Add(s.opts.FDReceiveTimeout))
 	if status != fdpass.StatusOK {
 		s.fdRejected.Add(1)
 	}
-	if err := fdpass.Reply(conn, status, deadline); err != nil {
+	// The 4-byte status gets a short bound of its own: a client that sent
+	// nothing before the receive deadline still gets its -1.
+	if err := fdpass.Reply(conn, status, time.Now().Add(min(s.opts.FDReceiveTimeout, replyTimeout))); err != nil {
 		s.log.Debug("umbp server: fd handoff reply", "err", err)
 	}
 }
