@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"strings"
+	"unicode/utf8"
 	"time"
 
 	"github.com/umbp-go/umbp-go/internal/fdpass"
@@ -88,6 +89,18 @@ func (c Config) withDefaults() (Config, error) {
 	for _, uid := range c.TrustedUIDs {
 		if uid < 0 || uid > math.MaxUint32-1 {
 			return c, fmt.Errorf("%w: Config.TrustedUIDs holds %d, not a uid", ErrInvalidConfig, uid)
+		}
+	}
+	// They travel in protobuf strings: a server cannot be told them
+	// otherwise, and every registration would fail.
+	for _, f := range []struct {
+		name string
+		v    []string
+	}{{"NodeID", []string{c.NodeID}}, {"NodeAddress", []string{c.NodeAddress}}, {"Tags", c.Tags}} {
+		for _, v := range f.v {
+			if !utf8.ValidString(v) {
+				return c, fmt.Errorf("%w: Config.%s holds %q, not valid UTF-8", ErrInvalidConfig, f.name, v)
+			}
 		}
 	}
 	c.Tags = append([]string(nil), c.Tags...)

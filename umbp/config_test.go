@@ -54,6 +54,9 @@ func TestConfigValidation(t *testing.T) {
 		"LookupTimeout":  {Endpoint: "/x", LookupTimeout: -1},
 		"StartupTimeout": {Endpoint: "/x", StartupTimeout: -1},
 		"TrustedUIDs":    {Endpoint: "/x", TrustedUIDs: []int{-1}},
+		"NodeID":         {Endpoint: "/x", NodeID: "\xff"},
+		"NodeAddress":    {Endpoint: "/x", NodeAddress: "a\xc3"},
+		"Tags":           {Endpoint: "/x", Tags: []string{"ok", "\xfe"}},
 	} {
 		_, err := umbp.NewStandaloneRuntime(cfg)
 		if !errors.Is(err, umbp.ErrInvalidConfig) || !strings.Contains(err.Error(), "Config."+name) {
