@@ -6,8 +6,8 @@ import (
 	"log/slog"
 	"math"
 	"strings"
-	"unicode/utf8"
 	"time"
+	"unicode/utf8"
 
 	"github.com/umbp-go/umbp-go/internal/fdpass"
 )

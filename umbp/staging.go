@@ -129,11 +129,6 @@ func (w *WorkerHandle) staged(ctx context.Context, c *conn.Conn, kind jobKind, i
 }
 
 func (w *WorkerHandle) stageChunk(ctx context.Context, c *conn.Conn, kind jobKind, items []item, idx []int, total uint64, results []bool) error {
-	for _, k := range idx {
-		if !items[k].host {
-			return fmt.Errorf("%w: multi-range plans in GPU memory need a server with ranged I/O", ErrNotSupported)
-		}
-	}
 	buf, err := w.staging.get(c, total)
 	if err != nil {
 		return err

@@ -33,7 +33,6 @@ type item struct {
 	idx    int // plan index in the job
 	obj    conn.Object
 	single bool // one range: a plain segment on a server without ranged I/O
-	host   bool // every range in host memory
 }
 
 // submit builds a job, fails what cannot run, and queues the rest.
@@ -243,7 +242,7 @@ func (w *WorkerHandle) resolvePlansLocked(job *TransferJob, ranged bool) []item 
 			job.setOutcome(i, bad)
 			continue
 		}
-		items = append(items, item{idx: i, obj: obj, host: host, single: single})
+		items = append(items, item{idx: i, obj: obj, single: single})
 	}
 	return items
 }

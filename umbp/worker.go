@@ -585,12 +585,6 @@ func (w *WorkerHandle) Close() error {
 	return nil
 }
 
-// abandoned keeps abandoned regions reachable for the life of the process.
-var abandoned struct {
-	mu      sync.Mutex
-	regions []*memRegion
-}
-
 func (w *WorkerHandle) abandon(reason string) error {
 	w.mu.Lock()
 	regions := w.regions
@@ -605,10 +599,9 @@ func (w *WorkerHandle) abandon(reason string) error {
 			r.host.abandon()
 		}
 	}
+	// Nothing unmaps an abandoned buffer: its mapping is not the garbage
+	// collector's, and the HostBuffer refuses to close.
 	w.stats.abandoned.Add(int64(len(names)))
-	abandoned.mu.Lock()
-	abandoned.regions = append(abandoned.regions, regions...)
-	abandoned.mu.Unlock()
 	w.log.Warn("UMBP standalone worker client left open at shutdown; its buffers must not be freed",
 		"endpoint", w.address, "reason", reason, "buffers", names)
 	return fmt.Errorf("%w: %s; buffers kept registered: %s", ErrBuffersAbandoned, reason, strings.Join(names, ", "))

@@ -166,6 +166,13 @@ const errInvalidValue = 1
 // errNotReady is hipErrorNotReady and cudaErrorNotReady.
 const errNotReady = 600
 
+// cudaErrorNotSupported and cudaErrorCallRequiresNewerDriver: the runtime
+// or driver cannot make the call at all.
+const (
+	errCUDANotSupported        = 801
+	errCUDARequiresNewerDriver = 36
+)
+
 // pointerAttributesSize is the zeroed buffer handed to the pointer-attribute
 // call: larger than HIP's struct (32 bytes) and CUDA 13's (88 bytes).
 const pointerAttributesSize = 128
@@ -460,6 +467,8 @@ type api interface {
 	EventSynchronize(device int, ev Event) error
 	EventQuery(device int, ev Event) (bool, error)
 	EventDestroy(device int, ev Event) error
+	CanMemcpyBatch() bool
+	MemcpyBatchAsync(device int, dsts, srcs []uintptr, sizes []uint64, kind MemcpyKind, flags uint32, s Stream) error
 	DeviceSynchronize(device int) error
 }
 

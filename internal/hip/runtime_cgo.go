@@ -741,7 +741,8 @@ func (r *Runtime) CopyFromDevice(device int, dst []byte, src uintptr) error {
 const minBatchCUDAVersion = 12080
 
 // CanMemcpyBatch reports whether MemcpyBatchAsync is available: a CUDA
-// runtime of 12.8 or later.
+// runtime of 12.8 or later. A driver that cannot make the call still makes
+// MemcpyBatchAsync fail with an error wrapping ErrNotSupported.
 func (r *Runtime) CanMemcpyBatch() bool {
 	return r.vendor == VendorCUDA && r.version >= minBatchCUDAVersion && r.tab.fn[C.UMBP_FN_MEMCPY_BATCH_ASYNC] != nil
 }
@@ -765,9 +766,14 @@ func (r *Runtime) MemcpyBatchAsync(device int, dsts, srcs []uintptr, sizes []uin
 	if len(dsts) == 0 {
 		return nil
 	}
-	return r.err(C.umbp_memcpy_batch_async(r.tab, C.int(device), C.int(r.version),
+	rc := C.umbp_memcpy_batch_async(r.tab, C.int(device), C.int(r.version),
 		(*C.uintptr_t)(unsafe.Pointer(&dsts[0])), (*C.uintptr_t)(unsafe.Pointer(&srcs[0])),
-		(*C.size_t)(unsafe.Pointer(&sizes[0])), C.size_t(len(dsts)), C.int(kind), C.uint(flags), C.uintptr_t(s)))
+		(*C.size_t)(unsafe.Pointer(&sizes[0])), C.size_t(len(dsts)), C.int(kind), C.uint(flags), C.uintptr_t(s))
+	err := r.err(rc)
+	if c := int(rc.code); c == errCUDANotSupported || c == errCUDARequiresNewerDriver {
+		return fmt.Errorf("%w: %w", ErrNotSupported, err)
+	}
+	return err
 }
 
 // StreamCreate creates a stream on device with StreamNonBlocking.

@@ -96,9 +96,6 @@ func NewHIPBackendFor(rt *hip.Runtime, log *slog.Logger) *HIPBackend {
 	return b
 }
 
-// Runtime returns the runtime the backend uses.
-func (b *HIPBackend) Runtime() *hip.Runtime { return b.rt }
-
 // String describes the backend for logs.
 func (b *HIPBackend) String() string {
 	if b.batch.Load() {
@@ -302,21 +299,12 @@ func (b *HIPBackend) queueBatches(device int, s hip.Stream, copies []GPUCopy, id
 // runtime cannot make such calls or too many failed in a row.
 func (b *HIPBackend) batchFailed(device int, err error) {
 	n := b.batchFails.Add(1)
-	var he *hip.Error
-	unsupported := errors.Is(err, hip.ErrNotSupported) ||
-		errors.As(err, &he) && (he.Code == errNotSupported || he.Code == errRequiresNewerDriver)
-	if (unsupported || n >= maxBatchFails) && b.batch.CompareAndSwap(true, false) {
+	if (errors.Is(err, hip.ErrNotSupported) || n >= maxBatchFails) && b.batch.CompareAndSwap(true, false) {
 		b.log.Warn("umbp server: batched GPU copies turned off; copies are queued one by one", "device", device, "failures_in_a_row", n, "err", err)
 		return
 	}
 	b.log.Debug("umbp server: a batched GPU copy failed; its copies are queued one by one", "device", device, "err", err)
 }
-
-// cudaErrorNotSupported and cudaErrorCallRequiresNewerDriver.
-const (
-	errNotSupported        = 801
-	errRequiresNewerDriver = 36
-)
 
 // stream returns an idle stream of device, creating one when none is idle.
 func (b *HIPBackend) stream(device int) (hip.Stream, error) {

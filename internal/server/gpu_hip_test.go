@@ -238,6 +238,47 @@ func testHIPBackendCopyBatch(t *testing.T, rt *hip.Runtime) {
 	}
 }
 
+// TestHIPBackendBatchUnsupported: a runtime whose driver cannot make
+// batched copies turns batching off at its first refusal; the copies are
+// made one by one.
+func TestHIPBackendBatchUnsupported(t *testing.T) {
+	rt := fakeCUDARuntime(t)
+	t.Setenv("UMBP_FAKE_BATCH_UNSUPPORTED", "1")
+	err := rt.MemcpyBatchAsync(0, []uintptr{1, 2}, []uintptr{3, 4}, []uint64{1, 1}, hip.MemcpyHostToDevice, 0, 0)
+	if !errors.Is(err, hip.ErrNotSupported) {
+		t.Fatalf("MemcpyBatchAsync refused by the driver: %v, want ErrNotSupported", err)
+	}
+	b := NewHIPBackendFor(rt, nil)
+	defer b.Close()
+	const n = 4096
+	arena, err := unix.Mmap(-1, 0, 2*n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(arena)
+	ap := uintptr(unsafe.Pointer(&arena[0]))
+	d, err := rt.Malloc(0, 2*n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Free(0, d)
+	want := pattern(2*n, 4)
+	if err := rt.CopyToDevice(0, d, want); err != nil {
+		t.Fatal(err)
+	}
+	copies := []GPUCopy{
+		{Device: 0, GPU: d, Pool: ap, N: n, ToPool: true},
+		{Device: 0, GPU: d + n, Pool: ap + n, N: n, ToPool: true},
+	}
+	if errs := b.Copy(copies); errs != nil {
+		t.Fatalf("Copy: %v", errs)
+	}
+	wantBytes(t, "pool", arena, want)
+	if b.batch.Load() {
+		t.Fatal("batching still on after the runtime said it cannot batch")
+	}
+}
+
 // TestHIPBackendCopyMany makes more copies than one batched call takes, in
 // both directions, and checks every byte.
 func TestHIPBackendCopyMany(t *testing.T) {

@@ -23,10 +23,10 @@ type object struct {
 	size  uint64 // object size (the extent is size rounded up to allocAlign)
 	batch uint64 // the batch that stored it; 0 for single puts
 	refs  int    // in-flight readers
-	// stored: in the map and the LRU list. dead: dropped (evicted, cleared or
-	// replaced) while readers held it; its extent is freed by the last one.
-	stored, dead bool
-	prev, next   *object // LRU list, most recent first
+	// dead: dropped (evicted, cleared or replaced) while readers held it;
+	// its extent is freed by the last one.
+	dead       bool
+	prev, next *object // LRU list, most recent first
 }
 
 // pool is the DRAM tier: one anonymous mapping (the arena) reserved once,
@@ -265,7 +265,6 @@ func (p *pool) publish(key string, o *object) bool {
 		return false
 	}
 	o.key = key
-	o.stored = true
 	p.objects[key] = o
 	p.pushFront(o)
 	p.stored += o.size
@@ -297,7 +296,6 @@ func (p *pool) stats(s *Stats) {
 func (p *pool) unlink(o *object) {
 	delete(p.objects, o.key)
 	p.remove(o)
-	o.stored = false
 	p.stored -= o.size
 	if o.refs > 0 {
 		o.dead = true

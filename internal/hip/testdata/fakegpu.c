@@ -392,6 +392,8 @@ typedef struct {
 
 static int batch(void **dsts, void **srcs, size_t *sizes, size_t count, batch_attrs *attrs, size_t *idxs,
 		size_t nattrs, void *stream) {
+	const char *unsupported = getenv("UMBP_FAKE_BATCH_UNSUPPORTED");
+	if (unsupported != NULL && *unsupported != 0) return 801; /* cudaErrorNotSupported */
 	if (count == 0 || attrs == NULL || idxs == NULL || nattrs != 1 || idxs[0] != 0 || attrs->order != 1)
 		return E_INVALID_VALUE;
 	if (stream == NULL) return E_INVALID_VALUE; /* the legacy stream is refused */
