@@ -4,7 +4,6 @@ import (
 	"context"
 	"net"
 	"os"
-	"slices"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -86,15 +85,15 @@ func (c *Conn) WaitPeersGone(ctx context.Context) error {
 	// Duplicates, so that a concurrent Close cannot pull them away.
 	c.peers.mu.Lock()
 	unknown := c.peers.unknown
-	var pfds []unix.PollFd
+	var left []unix.PollFd
 	for _, fd := range c.peers.fds {
 		if d, err := unix.Dup(fd); err == nil {
-			pfds = append(pfds, unix.PollFd{Fd: int32(d), Events: unix.POLLIN})
+			left = append(left, unix.PollFd{Fd: int32(d), Events: unix.POLLIN})
 		}
 	}
 	c.peers.mu.Unlock()
 	defer func() {
-		for _, p := range pfds {
+		for _, p := range left {
 			_ = unix.Close(int(p.Fd))
 		}
 	}()
@@ -103,14 +102,18 @@ func (c *Conn) WaitPeersGone(ctx context.Context) error {
 	}
 	// One poll over every pidfd still open; an exited process's pidfd
 	// reads ready. A timeout, or an interrupted poll, proves nothing.
-	left := pfds
 	for len(left) > 0 {
-		n, err := unix.Poll(left, 100)
-		if err == nil && n > 0 {
-			left = slices.DeleteFunc(left, func(p unix.PollFd) bool { return p.Revents&(unix.POLLIN|unix.POLLHUP) != 0 })
-			for i := range left {
-				left[i].Revents = 0
+		if n, err := unix.Poll(left, 100); err == nil && n > 0 {
+			open := left[:0]
+			for _, p := range left {
+				if p.Revents&(unix.POLLIN|unix.POLLHUP) != 0 {
+					_ = unix.Close(int(p.Fd)) // exited
+					continue
+				}
+				p.Revents = 0
+				open = append(open, p)
 			}
+			left = open
 		}
 		if err := ctx.Err(); err != nil && len(left) > 0 {
 			return err

@@ -3,6 +3,9 @@ package conn
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -27,9 +30,44 @@ func TestWaitPeersGone(t *testing.T) {
 	}
 	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	before, stdin := openFDs(t), fdIdentity(t, 0)
 	if err := c.WaitPeersGone(ctx); err != nil {
 		t.Fatalf("WaitPeersGone after the server died = %v", err)
 	}
+	// The wait closes the descriptors it opened, and no other. (The
+	// transport's own may close meanwhile: the server died.)
+	for _, fd := range openFDs(t) {
+		if !slices.Contains(before, fd) {
+			t.Errorf("descriptor %s opened by the wait is still open", fd)
+		}
+	}
+	if got := fdIdentity(t, 0); got != stdin {
+		t.Errorf("descriptor 0 was %s before the wait, %s after", stdin, got)
+	}
+}
+
+// fdIdentity names the file behind fd, or says it is closed.
+func fdIdentity(t *testing.T, fd int) string {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("dev %d ino %d", st.Dev, st.Ino)
+}
+
+// openFDs lists this process's open descriptors.
+func openFDs(t *testing.T) []string {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip(err)
+	}
+	var fds []string
+	for _, e := range ents {
+		fds = append(fds, e.Name())
+	}
+	return fds
 }
 
 // TestWaitPeersGoneInProcess: a server in this very process cannot be
