@@ -92,22 +92,23 @@ func (b *copyBatch) wait(failed func(item int, err error)) {
 	b.gpu, b.items = b.gpu[:0], b.items[:0]
 }
 
-// copyOne makes one copy with a batch of its own and returns its error.
-func (s *Server) copyOne(do func(b *copyBatch) error) error {
-	b := copyBatch{s: s}
-	err := do(&b)
-	b.wait(func(_ int, e error) { err = e })
-	return err
-}
-
 // toPool copies n bytes at l into o at objOff.
 func (s *Server) toPool(l loc, o *object, objOff, n uint64) error {
-	return s.copyOne(func(b *copyBatch) error { return b.toPool(0, l, o, objOff, n) })
+	b := copyBatch{s: s}
+	return b.one(b.toPool(0, l, o, objOff, n))
 }
 
 // fromPool copies n bytes of o at objOff to l.
 func (s *Server) fromPool(o *object, objOff uint64, l loc, n uint64) error {
-	return s.copyOne(func(b *copyBatch) error { return b.fromPool(0, o, objOff, l, n) })
+	b := copyBatch{s: s}
+	return b.one(b.fromPool(0, o, objOff, l, n))
+}
+
+// one ends a batch of one copy: the host copy's error err, or else the
+// queued GPU copy's.
+func (b *copyBatch) one(err error) error {
+	b.wait(func(_ int, e error) { err = e })
+	return err
 }
 
 // opTracker counts the handlers that touch regions or the pool, so that
