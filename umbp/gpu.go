@@ -204,27 +204,22 @@ const (
 	streamPollMax = 200 * time.Microsecond
 )
 
-// streamAbortGrace bounds how long Wait waits for a transfer it told to stop
-// waiting for the engine's stream: it stops within one poll.
-const streamAbortGrace = time.Second
+// streamWaitGrace bounds how long Wait, at a transfer's deadline, waits for
+// one still waiting for the engine's stream: it gives up at that same
+// deadline, within one poll.
+const streamWaitGrace = time.Second
 
 // errStreamLate is wait's error when the engine's stream did not reach the
 // event by the deadline.
 var errStreamLate = errors.New("the stream did not reach the store's event before the transfer's deadline")
 
 // wait returns once the engine's stream has reached the event, or with an
-// error when deadline passes or abort closes first. It polls rather than
-// blocks in the runtime, so a stream that never gets there (a hung kernel)
-// holds the transfer goroutine until then only, and the store fails having
+// error when deadline passes first. It polls rather than blocks in the
+// runtime, so a stream that never gets there (a hung kernel) holds the
+// transfer goroutine until the deadline only, and the store fails having
 // sent nothing.
-func (e *streamEvent) wait(deadline time.Time, abort <-chan struct{}) error {
+func (e *streamEvent) wait(deadline time.Time) error {
 	pause := streamPollMin
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
 	for {
 		done, err := e.rt.EventQuery(e.dep.device, e.ev)
 		if err != nil {
@@ -237,16 +232,7 @@ func (e *streamEvent) wait(deadline time.Time, abort <-chan struct{}) error {
 		if left <= 0 {
 			return fmt.Errorf("stream %#x of device %d: %w", e.dep.stream, e.dep.device, errStreamLate)
 		}
-		if timer == nil {
-			timer = time.NewTimer(min(pause, left))
-		} else {
-			timer.Reset(min(pause, left))
-		}
-		select {
-		case <-abort:
-			return fmt.Errorf("stream %#x of device %d: %w", e.dep.stream, e.dep.device, errStreamLate)
-		case <-timer.C:
-		}
+		time.Sleep(min(pause, left))
 		pause = min(2*pause, streamPollMax)
 	}
 }

@@ -96,6 +96,8 @@ func NewHostBuffer(size int) (*HostBuffer, error) {
 
 // Bytes returns the buffer's memory, or nil after Close succeeded.
 func (b *HostBuffer) Bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	if b.mem == nil {
 		return nil
 	}
@@ -105,6 +107,8 @@ func (b *HostBuffer) Bytes() []byte {
 // Buffer describes the buffer for [WorkerHandle.RegisterBuffers]; after
 // Close succeeded it is the zero Buffer.
 func (b *HostBuffer) Buffer() Buffer {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	if b.mem == nil {
 		return Buffer{}
 	}

@@ -98,25 +98,17 @@ type TransferJob struct {
 	// dropped releases what the transfer would have released had it run
 	// (an AfterStream event); called when it is cancelled before running.
 	dropped func()
-	// streamWait is open while the running transfer waits for the engine's
-	// stream (AfterStream), having sent nothing; closing it ends the wait.
-	streamWait chan struct{}
+	// waitingStream is set while the running transfer waits for the
+	// engine's stream (AfterStream), having sent nothing.
+	waitingStream bool
 }
 
-// beginStreamWait marks the transfer as waiting for the engine's stream and
-// returns what abortStreamWait closes.
-func (j *TransferJob) beginStreamWait() <-chan struct{} {
+// setWaitingForStream marks whether the transfer waits for the engine's
+// stream.
+func (j *TransferJob) setWaitingForStream(v bool) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	j.streamWait = make(chan struct{})
-	return j.streamWait
-}
-
-// endStreamWait marks the wait for the engine's stream as over.
-func (j *TransferJob) endStreamWait() {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	j.streamWait = nil
+	j.waitingStream = v
 }
 
 // waitingForStream reports whether the transfer waits for the engine's
@@ -124,20 +116,7 @@ func (j *TransferJob) endStreamWait() {
 func (j *TransferJob) waitingForStream() bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return j.streamWait != nil
-}
-
-// abortStreamWait ends the transfer's wait for the engine's stream, if it is
-// waiting, and reports whether it was.
-func (j *TransferJob) abortStreamWait() bool {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if j.streamWait == nil {
-		return false
-	}
-	close(j.streamWait)
-	j.streamWait = nil
-	return true
+	return j.waitingStream
 }
 
 // drop runs the job's release for a transfer that will never run.

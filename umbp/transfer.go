@@ -115,8 +115,9 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 		job.dropped = nil // it runs: the barrier is its own
 		job.mu.Unlock()
 		if barrier != nil {
-			err := barrier.wait(deadline, job.beginStreamWait())
-			job.endStreamWait()
+			job.setWaitingForStream(true)
+			err := barrier.wait(deadline)
+			job.setWaitingForStream(false)
 			barrier.release()
 			if err != nil {
 				job.failRest(TransferNotAttempted + ": waiting for the engine's stream: " + err.Error())

@@ -383,13 +383,13 @@ func (w *WorkerHandle) Wait(ctx context.Context, job *TransferJob) error {
 		if !started {
 			continue
 		}
-		if job.abortStreamWait() {
-			// It was still waiting for the engine's stream, having sent
-			// nothing: it fails as not attempted at once.
+		if job.waitingForStream() {
+			// It waits for the engine's stream, having sent nothing, and
+			// gives up at this same deadline: as not attempted.
 			select {
 			case <-job.done:
 				return nil
-			case <-time.After(streamAbortGrace):
+			case <-time.After(streamWaitGrace):
 			}
 		}
 		return fmt.Errorf("%w: %s job of %d keys is still running %v after it started", ErrBuffersInUse, job.kind, len(job.plans), w.timeout)
