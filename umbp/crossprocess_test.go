@@ -40,14 +40,15 @@ func TestTransportCutServerAlive(t *testing.T) {
 		t.Skip("runs a child process")
 	}
 	srv := newServer(t, umbptest.Options{})
+	srv.Stall("BatchPutRanges") // the child's first store is held
 	out := startChild(t, "TestTransportCutServerAliveChild", srv.Endpoint())
-	waitCalls(t, srv, "RegisterMemory", 1)
-	srv.Stall()
 	waitCalls(t, srv, "BatchPutRanges", 1)
-	srv.Restart() // cuts the transport; this process, the server, lives on
+	if err := srv.Restart(); err != nil { // cuts the transport; this process, the server, lives on
+		t.Fatal(err)
+	}
 	srv.Resume()
 	got := out()
-	for _, want := range []string{"CHILD: stuck RUNNING", "CHILD: next COMPLETED", "CHILD: close abandoned", "CHILD: done"} {
+	for _, want := range []string{"CHILD: stuck RUNNING in use", "CHILD: next COMPLETED", "CHILD: close abandoned", "CHILD: done"} {
 		if !strings.Contains(got, want) {
 			t.Fatalf("child output lacks %q:\n%s", want, got)
 		}
@@ -66,8 +67,14 @@ func TestTransportCutServerAliveChild(t *testing.T) {
 	e := newBareEngine(t, rt, buf)
 	stuck := e.Store([]umbp.BlockTransferPlan{plan("stuck", buf, 0)})
 	waitReconnects(t, e, 1)
-	time.Sleep(cfg.Timeout + 200*time.Millisecond) // past its deadline
-	fmt.Printf("CHILD: stuck %s\n", stuck.Status())
+	// Its transport was cut, but its server lives on: past its deadline
+	// the store still holds its buffers.
+	err = e.Wait(t.Context(), stuck)
+	inUse := ""
+	if errors.Is(err, umbp.ErrBuffersInUse) {
+		inUse = " in use"
+	}
+	fmt.Printf("CHILD: stuck %s%s\n", stuck.Status(), inUse)
 	next := e.Store([]umbp.BlockTransferPlan{plan("next", buf, 1)})
 	<-next.Done()
 	fmt.Printf("CHILD: next %s %s\n", next.Status(), next.Err())
@@ -93,11 +100,15 @@ func TestStagingBufferNotReused(t *testing.T) {
 		t.Skip("runs a child process")
 	}
 	srv := newServer(t, umbptest.Options{Version: 1})
+	srv.Stall("Flush") // holds the warm-up store at its end
 	out := startChild(t, "TestStagingBufferNotReusedChild", srv.Endpoint())
-	waitCalls(t, srv, "Flush", 1) // the warm-up store is done: one staging buffer
-	srv.Stall()
+	waitCalls(t, srv, "Flush", 1) // the warm-up store has its staging buffer
+	srv.Stall("BatchPut")         // the next store is held
+	srv.Resume("Flush")
 	waitCalls(t, srv, "BatchPut", 2)
-	srv.Restart()
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
 	srv.Resume()
 	got := out()
 	if !strings.Contains(got, "CHILD: second COMPLETED") || !strings.Contains(got, "first RUNNING") {
@@ -118,7 +129,6 @@ func TestStagingBufferNotReusedChild(t *testing.T) {
 	e := newEngine(t, rt, 2, 8, 4096) // two ranges per block: staged
 	warm := e.w.Store(e.plans(t, "warm", 0))
 	<-warm.Done()
-	time.Sleep(300 * time.Millisecond)
 	first := e.w.Store(e.plans(t, "first", 1))
 	waitReconnects(t, e.w, 1)
 	second := e.w.Store(e.plans(t, "second", 2))

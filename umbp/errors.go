@@ -2,23 +2,51 @@ package umbp
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
+	"github.com/umbp-go/umbp-go/internal/errdefs"
 )
 
+// The error values below are what an engine acts on; the package doc's
+// table says when each appears and what to do. Every error the package
+// returns wraps at most a few of them, and keeps the server's words and the
+// connection's classification in its chain: match with errors.Is.
 var (
+	// ErrNotAttempted means a key's transfer never touched the server or
+	// the key's memory: the engine may reuse the blocks at once and
+	// recompute them. Its text is "transfer not attempted", as vLLM's
+	// runtime prints it; the reason follows.
+	ErrNotAttempted = errors.New("transfer not attempted")
+	// ErrNotInPool means a load found no object under the key (or one of
+	// another size): a cache miss. The destination was not written.
+	ErrNotInPool = errors.New("umbp: not in the pool")
+	// ErrRefused means the server answered but would not do what was asked:
+	// a store the pool could not take (full, or the object larger than the
+	// pool), or a registration it rejected. The server's reason, when it
+	// gave one, is in the text.
+	ErrRefused = conn.ErrRefused
+	// ErrUnavailable means the server could not be reached, or went away
+	// under a call: the transport failed, the connection was refused, or
+	// the handle is re-attaching to a restarted server.
+	ErrUnavailable = conn.ErrUnavailable
+	// ErrCancelled means a job was withdrawn before it started
+	// ([WorkerHandle.Cancel], or Close): its buffers were never used.
+	ErrCancelled = errors.New("umbp: transfer cancelled before it started")
 	// ErrBuffersInUse means the server may still read or write the memory a
 	// job or buffer names: a transfer is running past its deadline, or a
 	// buffer is still registered. The engine must not reuse or free it yet.
 	ErrBuffersInUse = errors.New("umbp: buffers still in use by the server")
 	// ErrBuffersAbandoned means a handle was closed while a transfer was
 	// still in flight (or deregistration did not return): its registered
-	// memory was kept alive and never deregistered, and must not be freed
-	// for the life of the process.
+	// memory stays registered and must not be freed until the transfers
+	// that held it have ended and the handle has deregistered it; Stats'
+	// AbandonedBytes counts what is still held.
 	ErrBuffersAbandoned = errors.New("umbp: buffers abandoned to a server that may still use them")
 	// ErrNotSupported means the operation needs something this host or
-	// server lacks (a GPU runtime, a v2 server).
-	ErrNotSupported = errors.New("umbp: not supported")
+	// server lacks: a GPU runtime, or a server with ranged I/O.
+	ErrNotSupported = errdefs.ErrNotSupported
 	// ErrUntrustedServer means the server's sockets or process failed the
 	// identity check made before any memory is shared with it: a socket file
 	// that is not a socket, is writable by others or is owned by another
@@ -26,6 +54,56 @@ var (
 	// process's user, root and the uids in Config.TrustedUIDs are trusted.
 	// The error says what was wrong.
 	ErrUntrustedServer = conn.ErrUntrustedServer
-	// ErrClosed is returned by calls on a closed handle.
-	ErrClosed = errors.New("umbp: handle is closed")
+	// ErrClosed is returned by calls on a closed handle, and fails the keys
+	// of transfers submitted to one.
+	ErrClosed = conn.ErrClosed
 )
+
+// notAttempted is the error of a key whose transfer never started: it
+// matches ErrNotAttempted and cause.
+func notAttempted(cause error) error {
+	return fmt.Errorf("%w: %w", ErrNotAttempted, cause)
+}
+
+// Reasons a transfer is refused before it starts.
+var (
+	errBlocked      = errors.New("an earlier UMBP standalone transfer is still blocked in the server")
+	errQueuedBehind = errors.New("queued behind a blocked UMBP standalone transfer")
+	errReconnecting = fmt.Errorf("%w: re-attaching to the UMBP standalone server", ErrUnavailable)
+	errNilJob       = fmt.Errorf("%w: nil *TransferJob (was the error of StoreBlocks or LoadBlocks ignored?)", ErrInvalidPlan)
+)
+
+// jobError is the error of a job that FAILED: every distinct key error once,
+// with the number of keys it failed. errors.Is and errors.As see each.
+type jobError struct {
+	kind   jobKind
+	keys   int     // the job's keys
+	errs   []error // distinct by text, in plan order
+	counts []int   // keys failed by errs[i]
+	failed int
+}
+
+func (e *jobError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "umbp: %s of %s: %d failed: ", e.kind, plural(e.keys, "key"), e.failed)
+	for i, err := range e.errs {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(err.Error())
+		if e.counts[i] > 1 {
+			fmt.Fprintf(&b, " (%d keys)", e.counts[i])
+		}
+	}
+	return b.String()
+}
+
+func (e *jobError) Unwrap() []error { return e.errs }
+
+// plural returns "1 key", "2 keys".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}

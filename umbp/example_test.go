@@ -69,16 +69,20 @@ func Example() {
 	copy(abuf.Bytes()[2*1024:], "block 2, layer 0")
 	copy(abuf.Bytes()[6*1024:], "block 2, layer 1")
 
-	store, _ := a.StoreBlocks([]umbp.BlockTransferPlan{{Key: key, BlockID: 2}})
-	_ = a.Wait(ctx, store)
-	fmt.Println("store:", store.Status())
+	store, err := a.StoreBlocks([]umbp.BlockTransferPlan{{Key: key, BlockID: 2}})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("store:", a.Wait(ctx, store), store.Status())
 
 	sched, _ := rt.NewSchedulerHandle(ctx, "demo", umbp.RankTopology{}, nil)
 	fmt.Println("lookup:", sched.Lookup(ctx, []string{key, codec.Key(0, []byte{1})}))
 
-	load, _ := b.LoadBlocks(umbp.BlockLoadBatch{Keys: []string{key}, BlockIDs: []int{0}, GroupIDs: []int{0}})
-	_ = b.Wait(ctx, load)
-	fmt.Println("load:", load.Status())
+	load, err := b.LoadBlocks(umbp.BlockLoadBatch{Keys: []string{key}, BlockIDs: []int{0}, GroupIDs: []int{0}})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("load:", b.Wait(ctx, load), load.Status())
 	fmt.Printf("%s | %s\n", bbuf.Bytes()[:16], bbuf.Bytes()[4*1024:4*1024+16])
 
 	sched.Close()
@@ -91,8 +95,8 @@ func Example() {
 		}
 	}
 	// Output:
-	// store: COMPLETED
+	// store: <nil> COMPLETED
 	// lookup: [true false]
-	// load: COMPLETED
+	// load: <nil> COMPLETED
 	// block 2, layer 0 | block 2, layer 1
 }

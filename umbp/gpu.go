@@ -198,17 +198,6 @@ func (w *WorkerHandle) streamBarrier(o transferOptions) (*streamEvent, error) {
 	return e, nil
 }
 
-// Polling the event backs off from streamPollMin to streamPollMax.
-const (
-	streamPollMin = 5 * time.Microsecond
-	streamPollMax = 200 * time.Microsecond
-)
-
-// streamWaitGrace bounds how long Wait, at a transfer's deadline, waits for
-// one still waiting for the engine's stream: it gives up at that same
-// deadline, within one poll.
-const streamWaitGrace = time.Second
-
 // errStreamLate is wait's error when the engine's stream did not reach the
 // event by the deadline.
 var errStreamLate = errors.New("the stream did not reach the store's event before the transfer's deadline")

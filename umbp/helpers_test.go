@@ -3,6 +3,7 @@ package umbp_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -140,10 +141,15 @@ func (e *engine) check(t testing.TB, plans []umbp.BlockTransferPlan, seed byte, 
 	}
 }
 
+// waitJob waits for job to end; Wait's answer must agree with its status.
 func waitJob(t testing.TB, w *umbp.WorkerHandle, job *umbp.TransferJob) {
 	t.Helper()
-	if err := w.Wait(context.Background(), job); err != nil {
+	err := w.Wait(context.Background(), job)
+	if errors.Is(err, umbp.ErrBuffersInUse) {
 		t.Fatalf("wait: %v", err)
+	}
+	if (err == nil) != (job.Status() == umbp.JobCompleted) {
+		t.Fatalf("Wait = %v for a %s job", err, job.Status())
 	}
 }
 
@@ -261,6 +267,18 @@ func (p *serverProcess) kill() {
 	<-p.done
 }
 
+// waitFor waits (bounded) until cond holds.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // waitCalls waits until the server has seen n calls of method.
 func waitCalls(t testing.TB, srv *umbptest.Server, method string, n int) {
 	t.Helper()
@@ -270,5 +288,15 @@ func waitCalls(t testing.TB, srv *umbptest.Server, method string, n int) {
 			t.Fatalf("server saw %d %s calls, want %d", srv.Calls(method), method, n)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// jobEnded reports whether job has ended.
+func jobEnded(job *umbp.TransferJob) bool {
+	select {
+	case <-job.Done():
+		return true
+	default:
+		return false
 	}
 }

@@ -52,16 +52,17 @@ type Buffer struct {
 //
 // A HostBuffer registered with a worker handle cannot be closed until the
 // handle has deregistered it: Close answers ErrBuffersInUse, or
-// ErrBuffersAbandoned after the handle abandoned it, and leaves the memory
-// mapped, so the server can never write into memory that was let go.
+// ErrBuffersAbandoned while a closed handle still waits for transfers that
+// hold it, and leaves the memory mapped, so the server can never write into
+// memory that was let go.
 type HostBuffer struct {
 	fd   int
 	mem  []byte // the whole mapping
 	size int    // as asked
 
 	mu        sync.Mutex
-	users     int  // registrations holding the buffer
-	abandoned bool // a handle gave up on deregistering it
+	users     int // registrations holding the buffer, abandoned ones included
+	abandoned int // registrations of closed handles still waiting for transfers
 	closed    bool
 }
 
@@ -128,10 +129,10 @@ func (b *HostBuffer) Close() error {
 	switch {
 	case b.closed:
 		return nil
-	case b.abandoned:
-		return fmt.Errorf("umbp: host buffer at %#x (%d bytes): %w", b.base(), b.size, ErrBuffersAbandoned)
+	case b.abandoned > 0:
+		return fmt.Errorf("umbp: host buffer at %#x (%d bytes): a closed worker handle still waits for transfers that use it: %w", b.base(), b.size, ErrBuffersAbandoned)
 	case b.users > 0:
-		return fmt.Errorf("umbp: host buffer at %#x (%d bytes) is registered with %d worker handle(s): %w", b.base(), b.size, b.users, ErrBuffersInUse)
+		return fmt.Errorf("umbp: host buffer at %#x (%d bytes) is registered with %s: %w", b.base(), b.size, plural(b.users, "worker handle"), ErrBuffersInUse)
 	}
 	hostBuffers.remove(b)
 	b.closed = true
@@ -159,10 +160,20 @@ func (b *HostBuffer) release() {
 	b.mu.Unlock()
 }
 
-// abandon pins the buffer for the life of the process.
+// abandon marks a registration whose handle closed while transfers still
+// held the buffer: it stays pinned until reclaim.
 func (b *HostBuffer) abandon() {
 	b.mu.Lock()
-	b.abandoned = true
+	b.abandoned++
+	b.mu.Unlock()
+}
+
+// reclaim ends an abandoned registration: those transfers have ended and
+// the handle deregistered the buffer.
+func (b *HostBuffer) reclaim() {
+	b.mu.Lock()
+	b.abandoned--
+	b.users--
 	b.mu.Unlock()
 }
 

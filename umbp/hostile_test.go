@@ -3,6 +3,7 @@ package umbp_test
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -624,22 +625,22 @@ func hostileSubmit(t *testing.T, w *umbp.WorkerHandle, plans []umbp.BlockTransfe
 		return w.Load(plans)
 	}
 	var job *umbp.TransferJob
-	var ok bool
+	var err error
 	if what == "store" {
 		bare := make([]umbp.BlockTransferPlan, len(plans))
 		for i, p := range plans {
 			bare[i] = umbp.BlockTransferPlan{Key: p.Key, BlockID: p.BlockID}
 		}
-		job, ok = w.StoreBlocks(bare)
+		job, err = w.StoreBlocks(bare)
 	} else {
 		batch := umbp.BlockLoadBatch{Keys: make([]string, len(plans)), BlockIDs: make([]int, len(plans)), GroupIDs: make([]int, len(plans))}
 		for i, p := range plans {
 			batch.Keys[i], batch.BlockIDs[i] = p.Key, p.BlockID
 		}
-		job, ok = w.LoadBlocks(batch)
+		job, err = w.LoadBlocks(batch)
 	}
-	if !ok {
-		t.Fatalf("bulk %s refused plans its layout made", what)
+	if err != nil {
+		t.Fatalf("bulk %s refused plans its layout made: %v", what, err)
 	}
 	return job
 }
@@ -650,14 +651,17 @@ func (e *hostileEnv) settle(t *testing.T, w *umbp.WorkerHandle, job *umbp.Transf
 	start := time.Now()
 	err := w.Wait(context.Background(), job)
 	within(t, what+" Wait", start, hostileTimeout)
-	if err != nil {
+	if errors.Is(err, umbp.ErrBuffersInUse) {
 		// Every hostile reply is immediate: nothing may be left blocked.
 		t.Fatalf("%s: Wait: %v", what, err)
 	}
 	select {
 	case <-job.Done():
 	default:
-		t.Fatalf("%s: Wait returned nil but the job has not ended (%s)", what, job.Status())
+		t.Fatalf("%s: Wait returned %v but the job has not ended (%s)", what, err, job.Status())
+	}
+	if (err == nil) != (job.Status() == umbp.JobCompleted) || (err != nil && err.Error() != job.Err().Error()) {
+		t.Fatalf("%s: Wait = %v for a %s job with error %v", what, err, job.Status(), job.Err())
 	}
 	if !w.Poll(job) {
 		t.Errorf("%s: Poll says an ended job has not ended", what)
@@ -672,20 +676,20 @@ func (e *hostileEnv) settle(t *testing.T, w *umbp.WorkerHandle, job *umbp.Transf
 	for i := range n {
 		keyErr := job.KeyErr(i)
 		if !registered {
-			if !strings.HasPrefix(keyErr, umbp.TransferNotAttempted) {
-				t.Errorf("%s of unregistered memory: key %d: %q, want %q...", what, i, keyErr, umbp.TransferNotAttempted)
+			if !errors.Is(keyErr, umbp.ErrNotAttempted) {
+				t.Errorf("%s of unregistered memory: key %d: %v, want ErrNotAttempted", what, i, keyErr)
 			}
 			continue
 		}
 		if want == nil {
 			continue
 		}
-		if ok := keyErr == ""; ok != want(i) {
-			t.Errorf("%s: key %d ok=%v, want %v (%s %q)", what, i, ok, want(i), st, keyErr)
+		if ok := keyErr == nil; ok != want(i) {
+			t.Errorf("%s: key %d ok=%v, want %v (%s %v)", what, i, ok, want(i), st, keyErr)
 		}
 	}
-	if (st == umbp.JobFailed) != (len(job.FailedKeys()) > 0) || (st == umbp.JobFailed && job.Err() == "") {
-		t.Errorf("%s: status %s with failed keys %v and error %q", what, st, job.FailedKeys(), job.Err())
+	if (st == umbp.JobFailed) != (len(job.FailedKeys()) > 0) || (st == umbp.JobFailed) != (job.Err() != nil) {
+		t.Errorf("%s: status %s with failed keys %v and error %v", what, st, job.FailedKeys(), job.Err())
 	}
 }
 

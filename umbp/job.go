@@ -1,44 +1,33 @@
 package umbp
 
 import (
-	"errors"
+	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
-	"github.com/umbp-go/umbp-go/internal/daemonpool"
 )
 
-// TransferNotAttempted starts the error of every key that failed before its
-// transfer touched memory or the server: the engine may reuse those blocks
-// at once and recompute.
-const TransferNotAttempted = "transfer not attempted"
-
-// JobStatus is the state of a [TransferJob].
+// JobStatus is the state of a [TransferJob] as the engine sees it.
 type JobStatus int
 
 const (
-	// JobPending is a job that has not been submitted.
-	JobPending JobStatus = iota
-	// JobRunning is a job submitted to the handle's transfer goroutines,
-	// queued or in progress. Its buffers may be in use.
-	JobRunning
+	// JobRunning is a job queued for, or running on, the handle's transfer
+	// goroutines. Its buffers may be in use.
+	JobRunning JobStatus = iota + 1
 	// JobCompleted is a job whose every key succeeded.
 	JobCompleted
 	// JobFailed is a job whose every key has an outcome, one at least failed.
 	JobFailed
-	// JobCancelled is a job cancelled before it started.
+	// JobCancelled is a job withdrawn before it started.
 	JobCancelled
 )
 
 // String returns the status in upper case, as the reference runtime prints it.
 func (s JobStatus) String() string {
 	switch s {
-	case JobPending:
-		return "PENDING"
 	case JobRunning:
 		return "RUNNING"
 	case JobCompleted:
@@ -50,9 +39,6 @@ func (s JobStatus) String() string {
 	}
 	return fmt.Sprintf("JobStatus(%d)", int(s))
 }
-
-// ended reports whether s is final.
-func (s JobStatus) ended() bool { return s >= JobCompleted }
 
 type jobKind int
 
@@ -68,82 +54,92 @@ func (k jobKind) String() string {
 	return "load"
 }
 
-// outcome of one plan of a job.
-type outcome struct {
-	done bool   // has an outcome
-	err  string // empty on success
+// phase is where a job is in its life. Every change of phase is a method of
+// TransferJob below, made under the job's lock:
+//
+//	queued ──begin──▶ stream ──streamReady──▶ inFlight ──expire──▶ blocked
+//	   │                 │                      │  ▲                 │
+//	   │                 │                      │  └─────────────────┤
+//	   │                 │                      └──detach──▶ detached◀┘
+//	   └─cancel/fail─────┴──────────(every key has an outcome)───────▶ ended
+//
+// stream: waiting for the engine's GPU stream (AfterStream), nothing sent.
+// inFlight: requests sent; the server may use the buffers until it answers.
+// blocked: in flight past the deadline; new transfers are refused while a
+// job is blocked on the handle's current connection.
+// detached: the transport failed under the transfer, or the connection was
+// replaced: the buffers stay in use until the old server process has exited
+// or answered, but the job holds nothing up on the new server.
+type phase uint8
+
+const (
+	phaseQueued phase = iota
+	phaseStream
+	phaseInFlight
+	phaseBlocked
+	phaseDetached
+	phaseEnded
+)
+
+// jobOwner is what a job tells its worker handle of itself.
+type jobOwner interface {
+	// blockedDelta adds d to the count of the owner's blocked jobs.
+	blockedDelta(d int)
+	// jobEnded is called once, after the job has ended.
+	jobEnded(j *TransferJob)
 }
 
 // TransferJob is one asynchronous store or load of KV blocks, returned by a
 // [WorkerHandle]. Each plan (key) has its own outcome: one failed key never
 // fails its siblings. The job is COMPLETED when every key succeeded, FAILED
 // when every key has an outcome and one at least failed, CANCELLED when it
-// was cancelled before it started. Its methods are safe for concurrent use.
+// was withdrawn before it started. Its methods are safe for concurrent use,
+// and on a nil job they report a job that failed.
 type TransferJob struct {
-	kind  jobKind
-	plans []BlockTransferPlan
-	done  chan struct{}
+	kind    jobKind
+	plans   []BlockTransferPlan
+	owner   jobOwner
+	conn    *conn.Conn    // the connection it runs on; nil if refused at once
+	done    chan struct{} // closed when the job ends
+	started chan struct{} // closed when the transfer starts, or the job ends unstarted
 
-	mu       sync.Mutex
-	status   JobStatus
-	outcomes []outcome
-	left     int    // plans without an outcome
-	reason   string // why the job was cancelled
-	// future runs the transfer; nil until submitted.
-	future *daemonpool.Future
-	// deadline is set when the transfer starts running.
-	deadline time.Time
-	// conn is the connection the transfer uses, set at submission.
-	conn *conn.Conn
-	// dropped releases what the transfer would have released had it run
-	// (an AfterStream event); called when it is cancelled before running.
-	dropped func()
-	// waitingStream is set while the running transfer waits for the
-	// engine's stream (AfterStream), having sent nothing.
-	waitingStream bool
+	mu        sync.Mutex
+	phase     phase
+	status    JobStatus
+	errs      []error // each plan's error; nil on success or without an outcome
+	has       []bool  // which plans have an outcome
+	left      int     // plans without an outcome
+	cancelled error   // why a CANCELLED job was withdrawn
+	submitted bool    // handed to the transfer goroutines
+	deadline  time.Time
+	timer     *time.Timer // fires expire at the deadline
+	// drop releases what the transfer would have released had it run (an
+	// AfterStream event); called when the job ends before it starts.
+	drop func()
 }
 
-// setWaitingForStream marks whether the transfer waits for the engine's
-// stream.
-func (j *TransferJob) setWaitingForStream(v bool) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	j.waitingStream = v
-}
-
-// waitingForStream reports whether the transfer waits for the engine's
-// stream: it holds no buffers of the server's then.
-func (j *TransferJob) waitingForStream() bool {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return j.waitingStream
-}
-
-// drop runs the job's release for a transfer that will never run.
-func (j *TransferJob) drop() {
-	j.mu.Lock()
-	f := j.dropped
-	j.dropped = nil
-	j.mu.Unlock()
-	if f != nil {
-		f()
+func newJob(kind jobKind, plans []BlockTransferPlan, owner jobOwner) *TransferJob {
+	return &TransferJob{
+		kind:    kind,
+		plans:   slices.Clone(plans), // the caller may reuse its slice
+		owner:   owner,
+		done:    make(chan struct{}),
+		started: make(chan struct{}),
+		status:  JobRunning,
+		errs:    make([]error, len(plans)),
+		has:     make([]bool, len(plans)),
+		left:    len(plans),
 	}
 }
 
-func newJob(kind jobKind, plans []BlockTransferPlan) *TransferJob {
-	j := &TransferJob{
-		kind:     kind,
-		plans:    slices.Clone(plans), // the caller may reuse its slice
-		done:     make(chan struct{}),
-		outcomes: make([]outcome, len(plans)),
-		left:     len(plans),
-		status:   JobPending,
-	}
-	return j
-}
+// closedChan is what Done returns for a nil job.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
-// Status returns the job's current status.
+// Status returns the job's current status; JobFailed for a nil job.
 func (j *TransferJob) Status() JobStatus {
+	if j == nil {
+		return JobFailed
+	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return j.status
@@ -151,14 +147,27 @@ func (j *TransferJob) Status() JobStatus {
 
 // Done returns a channel closed when the job has ended (COMPLETED, FAILED or
 // CANCELLED). Only then are its buffers free for the engine to reuse.
-func (j *TransferJob) Done() <-chan struct{} { return j.done }
+func (j *TransferJob) Done() <-chan struct{} {
+	if j == nil {
+		return closedChan
+	}
+	return j.done
+}
 
 // Plans returns the job's plans, in the order they were given. The slice is
 // the job's own: do not modify it.
-func (j *TransferJob) Plans() []BlockTransferPlan { return j.plans }
+func (j *TransferJob) Plans() []BlockTransferPlan {
+	if j == nil {
+		return nil
+	}
+	return j.plans
+}
 
 // Keys returns the keys of the job's plans, in order.
 func (j *TransferJob) Keys() []string {
+	if j == nil {
+		return nil
+	}
 	keys := make([]string, len(j.plans))
 	for i := range j.plans {
 		keys[i] = j.plans[i].Key
@@ -168,124 +177,276 @@ func (j *TransferJob) Keys() []string {
 
 // CompletedKeys returns the keys that succeeded so far, in plan order.
 func (j *TransferJob) CompletedKeys() []string {
-	return j.collect(func(o outcome) bool { return o.done && o.err == "" }, func(p *BlockTransferPlan) string { return p.Key })
+	return j.keysWhere(func(i int) bool { return j.has[i] && j.errs[i] == nil })
 }
 
 // FailedKeys returns the keys that failed so far, in plan order.
 func (j *TransferJob) FailedKeys() []string {
-	return j.collect(func(o outcome) bool { return o.done && o.err != "" }, func(p *BlockTransferPlan) string { return p.Key })
+	return j.keysWhere(func(i int) bool { return j.errs[i] != nil })
 }
 
 // FailedBlockIDs returns the block ids of the plans that failed, in order.
 func (j *TransferJob) FailedBlockIDs() []int {
+	if j == nil {
+		return nil
+	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	var ids []int
-	for i, o := range j.outcomes {
-		if o.done && o.err != "" {
+	for i, err := range j.errs {
+		if err != nil {
 			ids = append(ids, j.plans[i].BlockID)
 		}
 	}
 	return ids
 }
 
-// KeyErr returns the error of key i's plan ("" if it succeeded or has no
-// outcome yet).
-func (j *TransferJob) KeyErr(i int) string {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if i < 0 || i >= len(j.outcomes) {
-		return ""
+func (j *TransferJob) keysWhere(keep func(i int) bool) []string {
+	if j == nil {
+		return nil
 	}
-	return j.outcomes[i].err
-}
-
-// Err summarizes why the job failed or was cancelled: the distinct key
-// errors, each once, with the keys it applies to counted. It is "" for a job
-// that has not failed.
-func (j *TransferJob) Err() string {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if j.status == JobCancelled {
-		return j.reason
-	}
-	var order []string
-	count := map[string]int{}
-	for _, o := range j.outcomes {
-		if o.done && o.err != "" {
-			if count[o.err] == 0 {
-				order = append(order, o.err)
-			}
-			count[o.err]++
-		}
-	}
-	parts := make([]string, len(order))
-	for i, e := range order {
-		if count[e] > 1 {
-			parts[i] = fmt.Sprintf("%s (%d keys)", e, count[e])
-		} else {
-			parts[i] = e
-		}
-	}
-	return strings.Join(parts, "; ")
-}
-
-func (j *TransferJob) collect(keep func(outcome) bool, get func(*BlockTransferPlan) string) []string {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	var out []string
-	for i, o := range j.outcomes {
-		if keep(o) {
-			out = append(out, get(&j.plans[i]))
+	for i := range j.plans {
+		if keep(i) {
+			out = append(out, j.plans[i].Key)
 		}
 	}
 	return out
 }
 
-// start marks the job submitted.
-func (j *TransferJob) start() {
-	j.mu.Lock()
-	if j.status == JobPending {
-		j.status = JobRunning
+// KeyErr returns the error of plan i: nil when it succeeded or has no
+// outcome yet (or i is out of range). It matches the package's sentinels
+// with errors.Is: ErrNotAttempted, ErrNotInPool, ErrRefused,
+// ErrUnavailable, ErrCancelled and the rest.
+func (j *TransferJob) KeyErr(i int) error {
+	if j == nil {
+		return errNilJob
 	}
-	j.mu.Unlock()
-}
-
-// setOutcome records plan i's outcome once; later calls for i are ignored.
-// The job ends when the last plan has an outcome.
-func (j *TransferJob) setOutcome(i int, err string) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	j.setLocked(i, err)
+	if i < 0 || i >= len(j.errs) {
+		return nil
+	}
+	if j.status == JobCancelled {
+		return j.cancelled
+	}
+	return j.errs[i]
 }
 
-func (j *TransferJob) setLocked(i int, err string) {
-	if j.status.ended() || j.outcomes[i].done {
+// Err returns why the job failed or was cancelled, nil otherwise (a job
+// still running included). A FAILED job's error names every distinct key
+// error once, with how many keys it failed, and errors.Is and errors.As see
+// each of them; a CANCELLED job's matches ErrCancelled.
+func (j *TransferJob) Err() error {
+	if j == nil {
+		return errNilJob
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	switch j.status {
+	case JobCancelled:
+		return j.cancelled
+	case JobFailed:
+	default:
+		return nil
+	}
+	e := &jobError{kind: j.kind, keys: len(j.plans)}
+	index := map[string]int{}
+	for _, err := range j.errs {
+		if err == nil {
+			continue
+		}
+		e.failed++
+		text := err.Error()
+		if k, ok := index[text]; ok {
+			e.counts[k]++
+			continue
+		}
+		index[text] = len(e.errs)
+		e.errs = append(e.errs, err)
+		e.counts = append(e.counts, 1)
+	}
+	return e
+}
+
+// result is what Wait returns for an ended job: nil iff COMPLETED.
+func (j *TransferJob) result() error { return j.Err() }
+
+// --- transitions -----------------------------------------------------------
+
+// setOutcome records plan i's outcome (err nil on success) once; later
+// calls for i are ignored. The job ends when the last plan has one.
+func (j *TransferJob) setOutcome(i int, err error) {
+	j.mu.Lock()
+	j.setLocked(i, err)
+	fin := j.finishLocked()
+	j.mu.Unlock()
+	fin()
+}
+
+func (j *TransferJob) setLocked(i int, err error) {
+	if j.phase == phaseEnded || j.has[i] {
 		return
 	}
-	j.outcomes[i] = outcome{done: true, err: err}
+	j.has[i], j.errs[i] = true, err
 	j.left--
-	if j.left == 0 {
-		j.finishLocked()
+}
+
+// failRest fails every plan without an outcome with err, ending the job.
+func (j *TransferJob) failRest(err error) {
+	j.mu.Lock()
+	for i := range j.has {
+		j.setLocked(i, err)
+	}
+	fin := j.finishLocked()
+	j.mu.Unlock()
+	fin()
+}
+
+// finishLocked ends the job if every plan has an outcome, and returns what
+// to run once the lock is released.
+func (j *TransferJob) finishLocked() func() {
+	if j.phase == phaseEnded || j.left > 0 {
+		return func() {}
+	}
+	j.status = JobCompleted
+	for _, err := range j.errs {
+		if err != nil {
+			j.status = JobFailed
+			break
+		}
+	}
+	return j.endLocked()
+}
+
+// endLocked moves the job to phaseEnded and returns what to run once the
+// lock is released: the owner's bookkeeping and, for a job that never
+// started, its drop.
+func (j *TransferJob) endLocked() func() {
+	was := j.phase
+	j.phase = phaseEnded
+	if j.timer != nil {
+		j.timer.Stop()
+	}
+	var drop func()
+	if was == phaseQueued {
+		drop, j.drop = j.drop, nil
+		close(j.started)
+	}
+	close(j.done)
+	return func() {
+		if was == phaseBlocked {
+			j.owner.blockedDelta(-1)
+		}
+		if drop != nil {
+			drop()
+		}
+		j.owner.jobEnded(j)
 	}
 }
 
-// failRest fails every plan without an outcome with err; it reports
-// whether that ended the job.
-func (j *TransferJob) failRest(err string) bool {
+// submit records that the job was handed to the transfer goroutines on c,
+// and what to release if it never starts.
+func (j *TransferJob) submit(c *conn.Conn, drop func()) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if j.status.ended() {
+	j.conn, j.submitted, j.drop = c, true, drop
+}
+
+// begin starts a queued transfer: its deadline is timeout from now. With
+// stream, it first waits for the engine's stream. It reports false for a
+// job that ended while queued (cancelled, or failed behind a blocked one):
+// the transfer must not run.
+func (j *TransferJob) begin(timeout time.Duration, stream bool) (deadline time.Time, ok bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.phase != phaseQueued {
+		return time.Time{}, false
+	}
+	j.phase = phaseInFlight
+	if stream {
+		j.phase = phaseStream
+	}
+	j.drop = nil // the transfer releases what it holds itself
+	j.deadline = time.Now().Add(timeout)
+	j.timer = time.AfterFunc(timeout, j.expire)
+	close(j.started)
+	return j.deadline, true
+}
+
+// streamReady: the engine's stream got there; the transfer is sent.
+func (j *TransferJob) streamReady() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.phase == phaseStream {
+		j.phase = phaseInFlight
+	}
+}
+
+// expire runs at the deadline: a job still in flight is blocked.
+func (j *TransferJob) expire() {
+	j.mu.Lock()
+	blocked := j.phase == phaseInFlight && !time.Now().Before(j.deadline)
+	if blocked {
+		j.phase = phaseBlocked
+	}
+	j.mu.Unlock()
+	if blocked {
+		j.owner.blockedDelta(1)
+	}
+}
+
+// detach marks a running transfer as held by a server the handle no longer
+// uses: its buffers stay in use until it ends, but it holds nothing up.
+func (j *TransferJob) detach() {
+	j.mu.Lock()
+	was := j.phase
+	if was == phaseInFlight || was == phaseBlocked {
+		j.phase = phaseDetached
+	}
+	j.mu.Unlock()
+	if was == phaseBlocked {
+		j.owner.blockedDelta(-1)
+	}
+}
+
+// cancelQueued withdraws a job that has not started: it becomes CANCELLED
+// with reason. It reports whether it did.
+func (j *TransferJob) cancelQueued(reason string) bool {
+	j.mu.Lock()
+	if j.phase != phaseQueued {
+		j.mu.Unlock()
 		return false
 	}
-	for i := range j.outcomes {
+	j.status = JobCancelled
+	j.cancelled = fmt.Errorf("%w (%s)", ErrCancelled, reason)
+	fin := j.endLocked()
+	j.mu.Unlock()
+	fin()
+	return true
+}
+
+// failQueued fails every key of a job that has not started with err, as
+// not attempted. It reports whether it did.
+func (j *TransferJob) failQueued(err error) bool {
+	j.mu.Lock()
+	if j.phase != phaseQueued {
+		j.mu.Unlock()
+		return false
+	}
+	err = notAttempted(err)
+	for i := range j.has {
 		j.setLocked(i, err)
 	}
-	if j.left == 0 && !j.status.ended() { // a job of no plans
-		j.finishLocked()
-	}
-	return j.status.ended()
+	fin := j.finishLocked()
+	j.mu.Unlock()
+	fin()
+	return true
 }
+
+// --- reads -----------------------------------------------------------------
 
 // connection returns the connection the job was submitted on.
 func (j *TransferJob) connection() *conn.Conn {
@@ -294,51 +455,31 @@ func (j *TransferJob) connection() *conn.Conn {
 	return j.conn
 }
 
-// finishLocked settles the status once every plan has an outcome.
-func (j *TransferJob) finishLocked() {
-	j.status = JobCompleted
-	for _, o := range j.outcomes {
-		if o.err != "" {
-			j.status = JobFailed
-			break
+// summary returns whether the job was submitted, its status, and the object
+// bytes of the keys that succeeded.
+func (j *TransferJob) summary() (submitted bool, status JobStatus, bytes uint64) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for i := range j.plans {
+		if j.has[i] && j.errs[i] == nil {
+			bytes += j.plans[i].ObjectSize()
 		}
 	}
-	close(j.done)
+	return j.submitted, j.status, bytes
 }
 
-// cancel ends a job that never started; it reports whether it ended it.
-func (j *TransferJob) cancel(reason string) bool {
+// hasOutcome reports whether plan i has an outcome.
+func (j *TransferJob) hasOutcome(i int) bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if j.status.ended() {
-		return false
-	}
-	j.status = JobCancelled
-	j.reason = reason
-	close(j.done)
-	return true
+	return j.has[i]
 }
 
-// markRunning records when the transfer started and returns its deadline.
-func (j *TransferJob) markRunning(timeout time.Duration) time.Time {
+// state returns the job's phase and deadline (zero before it started).
+func (j *TransferJob) state() (phase, time.Time) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	j.deadline = time.Now().Add(timeout)
-	return j.deadline
-}
-
-// runState reports whether the transfer started and its deadline.
-func (j *TransferJob) runState() (started bool, deadline time.Time) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return !j.deadline.IsZero(), j.deadline
-}
-
-// fut returns the future running the job's transfer, nil before submission.
-func (j *TransferJob) fut() *daemonpool.Future {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return j.future
+	return j.phase, j.deadline
 }
 
 // ended reports whether the job has ended.
@@ -351,4 +492,50 @@ func (j *TransferJob) ended() bool {
 	}
 }
 
-var errJobNotCompleted = errors.New("umbp: cannot publish a job that is not COMPLETED")
+// wait waits for the job to end, at most until its deadline once it runs
+// (until queuedFor from now while it is queued), or until ctx ends; see
+// WorkerHandle.Wait. A job still queued when the wait gives up fails as not
+// attempted.
+func (j *TransferJob) wait(ctx context.Context, queuedFor time.Duration) error {
+	started := j.started
+	timer := time.NewTimer(queuedFor)
+	defer timer.Stop()
+	for {
+		select {
+		case <-j.done:
+			return j.result()
+		case <-started:
+			started = nil
+			if ph, dl := j.state(); ph != phaseEnded {
+				timer.Reset(time.Until(dl))
+			}
+			continue
+		case <-ctx.Done():
+			if j.failQueued(fmt.Errorf("the wait for it ended while it was queued: %w", ctx.Err())) || j.ended() {
+				return j.result()
+			}
+			return fmt.Errorf("%w: %s of %s still running: %w", ErrBuffersInUse, j.kind, plural(len(j.plans), "key"), ctx.Err())
+		case <-timer.C:
+		}
+		j.expire() // the deadline has passed, whichever timer saw it first
+		ph, _ := j.state()
+		switch ph {
+		case phaseEnded:
+			return j.result()
+		case phaseQueued:
+			if j.failQueued(errQueuedBehind) {
+				return j.result()
+			}
+			continue // it started just now: wait for its own deadline
+		case phaseStream:
+			// It waits for the engine's stream, having sent nothing, and
+			// gives up at this same deadline: as not attempted.
+			select {
+			case <-j.done:
+				return j.result()
+			case <-time.After(streamWaitGrace):
+			}
+		}
+		return fmt.Errorf("%w: %s of %s is still running past its deadline", ErrBuffersInUse, j.kind, plural(len(j.plans), "key"))
+	}
+}

@@ -54,12 +54,6 @@ type ServerCapabilities struct {
 	Mode string
 }
 
-// linkCheckInterval is how often a handle looks at its server's socket.
-var linkCheckInterval = 100 * time.Millisecond
-
-// errReconnecting refuses calls while the handle re-attaches.
-var errReconnecting = errors.New("reconnecting to the UMBP standalone server")
-
 // sockIdent identifies one server's socket: a restarted server unlinks and
 // binds the path anew, which gives it a new inode. (Not the ctime: a chmod
 // after bind changes it.)
@@ -237,7 +231,7 @@ func (l *link) supervise() {
 			continue
 		}
 		if err := l.reattach(); err != nil {
-			backoff = min(max(2*backoff, linkCheckInterval), time.Second)
+			backoff = min(max(2*backoff, linkCheckInterval), reconnectBackoffMax)
 			nextTry = time.Now().Add(backoff)
 			if l.retries.allow() {
 				l.log.Warn("UMBP standalone reconnect attempt failed; retrying", "endpoint", l.rt.cfg.Endpoint, "err", err)
@@ -263,7 +257,7 @@ func (l *link) lost() bool {
 func (l *link) reattach() error {
 	ctx, cancel := context.WithTimeout(l.stopCtx, l.rt.cfg.StartupTimeout+l.rt.cfg.Timeout)
 	defer cancel()
-	dctx, dcancel := context.WithTimeout(ctx, time.Second)
+	dctx, dcancel := context.WithTimeout(ctx, reconnectDialTimeout)
 	c, err := l.rt.dial(dctx)
 	dcancel()
 	if err != nil {
@@ -308,7 +302,7 @@ func (l *link) reattach() error {
 // registered is deregistered, so that retries leave nothing behind on the
 // server.
 func (l *link) discard(c *conn.Conn) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), discardTimeout)
 	defer cancel()
 	_ = c.Deregister(ctx)
 	_ = c.Close()

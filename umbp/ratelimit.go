@@ -5,9 +5,6 @@ import (
 	"time"
 )
 
-// failureLogInterval is how often a handle repeats a failure warning.
-const failureLogInterval = 30 * time.Second
-
 // logLimiter lets one message through per interval.
 type logLimiter struct {
 	mu   sync.Mutex

@@ -45,7 +45,7 @@ type SchedulerHandle struct {
 	// calls runs the calls to the current connection; a new connection
 	// gets a new pool, so that no call queues behind one stuck on the old.
 	calls      *daemonpool.Pool
-	unanswered *daemonpool.Future
+	unanswered <-chan struct{} // the Done channel of a call that overran
 	closed     bool
 }
 
@@ -57,7 +57,7 @@ func (r *StandaloneRuntime) NewSchedulerHandle(ctx context.Context, namespace st
 	if err := checkHandleArgs(namespace, topo, layout); err != nil {
 		return nil, err
 	}
-	pool, err := daemonpool.New(1, "umbp-standalone-lookup")
+	pool, err := newLookupPool()
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +70,7 @@ func (r *StandaloneRuntime) NewSchedulerHandle(ctx context.Context, namespace st
 	}
 	l, err := newLink(ctx, r, nil, h.replaced)
 	if err != nil {
-		pool.Shutdown(false, true)
+		pool.Shutdown()
 		return nil, err
 	}
 	h.link = l
@@ -86,25 +86,32 @@ func (h *SchedulerHandle) replaced(old *conn.Conn) {
 	oldPool := h.calls
 	swapped := false
 	if !h.closed {
-		if pool, err := daemonpool.New(1, "umbp-standalone-lookup"); err == nil {
+		if pool, err := newLookupPool(); err == nil {
 			h.calls, h.unanswered = pool, nil
 			swapped = true
 		}
 	}
 	h.mu.Unlock()
 	if swapped {
-		oldPool.Shutdown(false, true)
+		oldPool.Shutdown()
 	} // else Close shuts it down
 	_ = old.Close()
 }
 
-// call runs fn on the handle's detached goroutine and waits for it at most
+// newLookupPool is the one detached goroutine that a scheduler handle's
+// calls to one connection run on.
+func newLookupPool() (*daemonpool.Pool, error) {
+	return daemonpool.New(1, "umbp-standalone-lookup", nil)
+}
+
+// call runs fn on h's detached goroutine and waits for it at most
 // LookupTimeout or until ctx ends.
-func (h *SchedulerHandle) call(ctx context.Context, method string, fn func(context.Context, *conn.Conn) (any, error)) (any, error) {
+func call[T any](ctx context.Context, h *SchedulerHandle, method string, fn func(context.Context, *conn.Conn) (T, error)) (T, error) {
+	var zero T
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
-		return nil, ErrClosed
+		return zero, ErrClosed
 	}
 	// Read under h.mu: a replaced connection swaps the pool under h.mu
 	// after swapping the connection, so a call never runs on a new pool
@@ -112,26 +119,26 @@ func (h *SchedulerHandle) call(ctx context.Context, method string, fn func(conte
 	c, err := h.link.current()
 	if err != nil {
 		h.mu.Unlock()
-		return nil, err
+		return zero, err
 	}
 	if h.unanswered != nil {
 		select {
-		case <-h.unanswered.Done():
+		case <-h.unanswered:
 			h.unanswered = nil
 		default:
 			h.mu.Unlock()
-			return nil, errUnanswered
+			return zero, errUnanswered
 		}
 	}
 	pool := h.calls
-	f, err := pool.Submit(func() (any, error) {
+	f, err := daemonpool.Submit(pool, func() (T, error) {
 		v, err := fn(context.Background(), c)
 		h.link.failed(err)
 		return v, err
 	})
 	h.mu.Unlock()
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
 	timer := time.NewTimer(h.timeout)
 	defer timer.Stop()
@@ -151,15 +158,15 @@ func (h *SchedulerHandle) call(ctx context.Context, method string, fn func(conte
 		// A call on a pool replaced meanwhile holds up nothing: its
 		// connection is closed.
 		if h.calls == pool && (h.unanswered == nil || isDone(h.unanswered)) {
-			h.unanswered = f
+			h.unanswered = f.Done()
 		}
 		h.mu.Unlock()
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", method, err)
+		return zero, fmt.Errorf("%s: %w", method, err)
 	}
 	h.stats.timeouts.Add(1)
-	return nil, fmt.Errorf("%s got no reply within %v: %w", method, h.timeout, context.DeadlineExceeded)
+	return zero, fmt.Errorf("%s got no reply within %v: %w", method, h.timeout, context.DeadlineExceeded)
 }
 
 // State reports whether the handle is connected, reconnecting or closed.
@@ -193,14 +200,13 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 		return h.misses(len(keys))
 	}
 	h.stats.lookups.Add(1)
-	v, err := h.call(ctx, "BatchExists", func(ctx context.Context, c *conn.Conn) (any, error) {
+	hits, err := call(ctx, h, "BatchExists", func(ctx context.Context, c *conn.Conn) ([]bool, error) {
 		return c.BatchExists(ctx, ask)
 	})
 	if err != nil {
 		h.logFailure("lookup", err)
 		return h.misses(len(keys))
 	}
-	hits := v.([]bool)
 	if len(hits) != len(ask) {
 		h.logFailure("lookup", fmt.Errorf("%d results for %d keys", len(hits), len(ask)))
 		return h.misses(len(keys))
@@ -258,7 +264,7 @@ func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
 		return 0
 	}
 	h.stats.lookups.Add(1)
-	v, err := h.call(ctx, "BatchExistsConsecutive", func(ctx context.Context, c *conn.Conn) (any, error) {
+	n, err := call(ctx, h, "BatchExistsConsecutive", func(ctx context.Context, c *conn.Conn) (int, error) {
 		return c.BatchExistsConsecutive(ctx, keys)
 	})
 	if err != nil {
@@ -266,7 +272,6 @@ func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
 		h.stats.misses.Add(uint64(len(keys)))
 		return 0
 	}
-	n := v.(int)
 	if n < 0 || n > len(keys) {
 		h.logFailure("prefix lookup", fmt.Errorf("count %d for %d keys", n, len(keys)))
 		h.stats.misses.Add(uint64(len(keys)))
@@ -281,14 +286,14 @@ func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
 // to the server, not only this one's — and reports whether the server did
 // so. Failures answer false.
 func (h *SchedulerHandle) Clear(ctx context.Context) bool {
-	v, err := h.call(ctx, "Clear", func(ctx context.Context, c *conn.Conn) (any, error) {
+	cleared, err := call(ctx, h, "Clear", func(ctx context.Context, c *conn.Conn) (bool, error) {
 		return c.Clear(ctx)
 	})
 	if err != nil {
 		h.logFailure("clear", err)
 		return false
 	}
-	if cleared := v.(bool); !cleared {
+	if !cleared {
 		h.log.Warn("UMBP standalone clear failed", "endpoint", h.address)
 		return false
 	}
@@ -313,7 +318,7 @@ func (h *SchedulerHandle) Close() error {
 	calls := h.calls
 	unanswered := h.unanswered != nil && !isDone(h.unanswered)
 	h.mu.Unlock()
-	calls.Shutdown(false, true)
+	calls.Shutdown()
 	c := h.link.conn()
 	if unanswered {
 		// Close the connection once the call returns; closing it now would
@@ -354,9 +359,9 @@ func (h *SchedulerHandle) logFailure(op string, err error) {
 	h.log.Warn("UMBP standalone call failed; treating as a miss", "op", op, "endpoint", h.address, "err", err)
 }
 
-func isDone(f *daemonpool.Future) bool {
+func isDone(done <-chan struct{}) bool {
 	select {
-	case <-f.Done():
+	case <-done:
 		return true
 	default:
 		return false

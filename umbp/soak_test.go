@@ -339,10 +339,10 @@ func (e *soakEngine) step(s *soakRun, timeout time.Duration) {
 				bare[i] = umbp.BlockTransferPlan{Key: p.Key, BlockID: p.BlockID}
 			}
 			start = time.Now()
-			job, ok := e.w.StoreBlocks(bare)
+			job, err := e.w.StoreBlocks(bare)
 			s.timed("StoreBlocks", start)
-			if !ok {
-				s.fail("engine %s: StoreBlocks refused its plans", e.name)
+			if err != nil {
+				s.fail("engine %s: StoreBlocks refused its plans: %v", e.name, err)
 				e.release(blocks)
 				return
 			}
@@ -358,10 +358,10 @@ func (e *soakEngine) step(s *soakRun, timeout time.Duration) {
 		if bulk {
 			batch := umbp.BlockLoadBatch{Keys: keys, BlockIDs: blocks, GroupIDs: make([]int, len(blocks))}
 			start = time.Now()
-			job, ok := e.w.LoadBlocks(batch)
+			job, err := e.w.LoadBlocks(batch)
 			s.timed("LoadBlocks", start)
-			if !ok {
-				s.fail("engine %s: LoadBlocks refused its batch", e.name)
+			if err != nil {
+				s.fail("engine %s: LoadBlocks refused its batch: %v", e.name, err)
 				e.release(blocks)
 				return
 			}
@@ -380,11 +380,12 @@ func (e *soakEngine) step(s *soakRun, timeout time.Duration) {
 		err := e.w.Wait(context.Background(), sj.job)
 		s.timed("Wait", start)
 		switch {
-		case err == nil:
 		case errors.Is(err, umbp.ErrBuffersInUse):
 			s.count("wait/buffers in use", 1)
-		default:
-			s.fail("engine %s: Wait: %v", e.name, err)
+		case !jobEnded(sj.job):
+			s.fail("engine %s: Wait = %v for a job still %s", e.name, err, sj.job.Status())
+		case (err == nil) != (sj.job.Status() == umbp.JobCompleted):
+			s.fail("engine %s: Wait = %v for a %s job", e.name, err, sj.job.Status())
 		}
 	case r < 80:
 		until := time.Now().Add(2 * timeout)
@@ -441,7 +442,7 @@ func (e *soakEngine) finish(s *soakRun, sj *soakJob) {
 		okKeys := len(job.CompletedKeys())
 		notAttempted := true
 		for i := range plans {
-			if err := job.KeyErr(i); err != "" && !strings.HasPrefix(err, umbp.TransferNotAttempted) {
+			if err := job.KeyErr(i); err != nil && !errors.Is(err, umbp.ErrNotAttempted) {
 				notAttempted = false
 			}
 		}
@@ -461,7 +462,7 @@ func (e *soakEngine) finish(s *soakRun, sj *soakJob) {
 	if st != umbp.JobCancelled {
 		ok := 0
 		for i, p := range plans {
-			if job.KeyErr(i) != "" {
+			if job.KeyErr(i) != nil {
 				continue
 			}
 			ok++
@@ -905,9 +906,9 @@ func soakFinalCheck(t *testing.T, s *soakRun, engines []*soakEngine, sched *umbp
 			if job.Status() == umbp.JobCompleted {
 				return job
 			}
-			refused := strings.HasPrefix(job.Err(), umbp.TransferNotAttempted)
+			refused := errors.Is(job.Err(), umbp.ErrNotAttempted)
 			if !refused || attempt == 3 {
-				t.Fatalf("final %s on %s (attempt %d): %s %q", what, e.name, attempt, job.Status(), job.Err())
+				t.Fatalf("final %s on %s (attempt %d): %s %v", what, e.name, attempt, job.Status(), job.Err())
 			}
 			t.Logf("final %s on %s refused (attempt %d): %s", what, e.name, attempt, job.Err())
 			time.Sleep(100 * time.Millisecond)

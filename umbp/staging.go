@@ -14,11 +14,6 @@ import (
 // segment, so the ranges of a multi-range plan are gathered into (or
 // scattered from) a staging HostBuffer that the handle registers itself.
 
-const (
-	stagingMin   = 4 << 20  // smallest staging buffer
-	stagingChunk = 64 << 20 // bytes staged per RPC, unless one object is larger
-)
-
 // stagingPool hands out registered staging buffers, one per concurrent use.
 type stagingPool struct {
 	w     *WorkerHandle

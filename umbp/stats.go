@@ -26,7 +26,12 @@ type Stats struct {
 	TransfersBlocked   int    // transfers running past their deadline now
 	BytesStored        uint64 // object bytes of keys stored
 	BytesLoaded        uint64 // object bytes of keys loaded
-	AbandonedBuffers   int    // buffers left registered by Close
+	// AbandonedBuffers and AbandonedBytes are the buffers (and the bytes of
+	// their registered regions) that Close left registered because
+	// transfers still held them; they fall back to zero once those
+	// transfers have ended and the buffers were deregistered.
+	AbandonedBuffers int
+	AbandonedBytes   uint64
 }
 
 // counters are a handle's live counters.
@@ -34,7 +39,7 @@ type counters struct {
 	lookups, hits, misses, timeouts, failures atomic.Uint64
 	submitted, completed, failed, refused     atomic.Uint64
 	bytesStored, bytesLoaded                  atomic.Uint64
-	abandoned                                 atomic.Int64
+	abandoned, abandonedBytes                 atomic.Int64
 }
 
 func (c *counters) fill(s *Stats) {
@@ -50,4 +55,5 @@ func (c *counters) fill(s *Stats) {
 	s.BytesStored = c.bytesStored.Load()
 	s.BytesLoaded = c.bytesLoaded.Load()
 	s.AbandonedBuffers = int(c.abandoned.Load())
+	s.AbandonedBytes = uint64(c.abandonedBytes.Load())
 }

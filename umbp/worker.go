@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
@@ -40,16 +41,21 @@ type WorkerHandle struct {
 	refusals logLimiter
 	failures logLimiter
 	stats    counters
+	blocked  atomic.Int64 // jobs in phaseBlocked
 
 	// regSem (a mutex that honours contexts) orders registrations with the
 	// re-registration that follows a server restart, and with Close, so
 	// that no region is registered with one server only or after Close.
 	regSem chan struct{}
 
-	mu       sync.Mutex
-	regions  []*memRegion // sorted by base
+	mu      sync.Mutex
+	regions []*memRegion // sorted by base
+	closed  bool
+
+	// jobsMu guards inflight, the jobs submitted and not yet ended. It is
+	// taken alone, or inside mu, never the other way.
+	jobsMu   sync.Mutex
 	inflight map[*TransferJob]struct{}
-	closed   bool
 }
 
 // memRegion is one registered allocation.
@@ -82,23 +88,25 @@ func (r *StandaloneRuntime) NewWorkerHandle(ctx context.Context, namespace strin
 		}
 		planner = p
 	}
-	pool, err := daemonpool.New(r.cfg.NumWorkers, "umbp-standalone-transfer")
-	if err != nil {
-		return nil, err
-	}
 	w := &WorkerHandle{
 		address:  r.cfg.Endpoint,
 		log:      r.cfg.Logger,
 		timeout:  r.cfg.Timeout,
 		planner:  planner,
-		pool:     pool,
 		inflight: map[*TransferJob]struct{}{},
 		regSem:   make(chan struct{}, 1),
 	}
+	pool, err := daemonpool.New(r.cfg.NumWorkers, "umbp-standalone-transfer", func(err error) {
+		w.log.Error("UMBP standalone transfer goroutine panicked; its job failed", "endpoint", w.address, "err", err)
+	})
+	if err != nil {
+		return nil, err
+	}
+	w.pool = pool
 	w.staging = &stagingPool{w: w}
 	l, err := newLink(ctx, r, w.reregister, w.replaced)
 	if err != nil {
-		pool.Shutdown(false, true)
+		pool.Shutdown()
 		return nil, err
 	}
 	w.link = l
@@ -136,14 +144,17 @@ func (w *WorkerHandle) reregister(ctx context.Context, c *conn.Conn) error {
 // deregisters (in case its server lives on) and closes when the transfers
 // still using it have returned.
 func (w *WorkerHandle) replaced(old *conn.Conn) {
-	w.mu.Lock()
+	w.jobsMu.Lock()
 	var on []*TransferJob
 	for j := range w.inflight {
-		if j.conn == old {
+		if j.connection() == old {
 			on = append(on, j)
 		}
 	}
-	w.mu.Unlock()
+	w.jobsMu.Unlock()
+	for _, j := range on {
+		j.detach()
+	}
 	go func() {
 		for _, j := range on {
 			<-j.done
@@ -162,7 +173,7 @@ func (w *WorkerHandle) State() HandleState { return HandleState(w.link.state.Loa
 func (w *WorkerHandle) Stats() Stats {
 	s := Stats{State: w.State(), Capabilities: w.link.capabilities(), Reconnects: w.link.reconnects.Load()}
 	w.stats.fill(&s)
-	s.TransfersBlocked = w.blockedCount()
+	s.TransfersBlocked = int(w.blocked.Load())
 	return s
 }
 
@@ -281,7 +292,7 @@ func (w *WorkerHandle) resolveLocked(addr uintptr, n uint64) *memRegion {
 // are invalid or name unregistered memory, with those keys already failed.
 // The plans' source memory must stay unchanged until the job ends.
 func (w *WorkerHandle) Store(plans []BlockTransferPlan, opts ...TransferOption) *TransferJob {
-	return w.submit(kindStore, plans, opts)
+	return w.submit(kindStore, plans, opts, nil)
 }
 
 // Load loads the plans' blocks from the pool into the plans' memory and
@@ -289,111 +300,99 @@ func (w *WorkerHandle) Store(plans []BlockTransferPlan, opts ...TransferOption) 
 // (a miss); its siblings still load. The destination memory must not be
 // used until the job ends.
 func (w *WorkerHandle) Load(plans []BlockTransferPlan) *TransferJob {
-	return w.submit(kindLoad, plans, nil)
+	return w.submit(kindLoad, plans, nil, nil)
 }
 
 // StoreBlocks is Store on the bulk path: each plan names a block (Key,
-// GroupID, BlockID) and the handle's layout supplies its ranges. It answers
-// (nil, false) when it cannot: no layout, a plan with explicit ranges, a
-// missing group or a block out of range; use Store then.
-func (w *WorkerHandle) StoreBlocks(plans []BlockTransferPlan, opts ...TransferOption) (*TransferJob, bool) {
+// GroupID, BlockID) and the handle's layout supplies its ranges. A plan the
+// layout cannot plan (explicit ranges, a missing group, a block out of
+// range) fails its own key as not attempted, with the planner's error; its
+// siblings still run. The error is for the call as a whole: a handle
+// without a layout (ErrInvalidLayout).
+func (w *WorkerHandle) StoreBlocks(plans []BlockTransferPlan, opts ...TransferOption) (*TransferJob, error) {
 	if w.planner == nil {
-		return nil, false
+		return nil, errNoLayout
 	}
 	built := make([]BlockTransferPlan, len(plans))
+	var bad []error
 	for i, p := range plans {
+		var err error
 		if len(p.Ranges) > 0 {
-			return nil, false
+			err = fmt.Errorf("%w: key %q: StoreBlocks takes plans without ranges (the layout supplies them): use Store", ErrInvalidPlan, p.Key)
+		} else {
+			var bp BlockTransferPlan
+			if bp, err = w.planner.PlanForBlock(p.Key, p.GroupID, p.BlockID); err == nil {
+				bp.RequestID, bp.BlockHash, bp.TokenIDs = p.RequestID, p.BlockHash, p.TokenIDs
+				built[i] = bp
+				continue
+			}
 		}
-		bp, err := w.planner.PlanForBlock(p.Key, p.GroupID, p.BlockID)
-		if err != nil {
-			return nil, false
+		built[i] = p
+		if bad == nil {
+			bad = make([]error, len(plans))
 		}
-		bp.RequestID, bp.BlockHash, bp.TokenIDs = p.RequestID, p.BlockHash, p.TokenIDs
-		built[i] = bp
+		bad[i] = err
 	}
-	return w.Store(built, opts...), true
+	return w.submit(kindStore, built, opts, bad), nil
 }
 
-// LoadBlocks is Load on the bulk path, for a columnar batch. It answers
-// (nil, false) when the layout cannot plan the batch; use Load then.
-func (w *WorkerHandle) LoadBlocks(batch BlockLoadBatch) (*TransferJob, bool) {
-	if w.planner == nil || batch.Validate() != nil {
-		return nil, false
+// LoadBlocks is Load on the bulk path, for a columnar batch, under the same
+// rules as StoreBlocks. A batch whose columns disagree in length is refused
+// as a whole (ErrInvalidPlan).
+func (w *WorkerHandle) LoadBlocks(batch BlockLoadBatch) (*TransferJob, error) {
+	if w.planner == nil {
+		return nil, errNoLayout
 	}
-	plans, err := batch.Plans(w.planner)
-	if err != nil {
-		return nil, false
+	if err := batch.Validate(); err != nil {
+		return nil, err
 	}
-	return w.Load(plans), true
+	plans := make([]BlockTransferPlan, batch.Len())
+	var bad []error
+	for i := range plans {
+		p, err := w.planner.PlanForBlock(batch.Keys[i], batch.GroupIDs[i], batch.BlockIDs[i])
+		if err != nil {
+			p = BlockTransferPlan{Key: batch.Keys[i], GroupID: batch.GroupIDs[i], BlockID: batch.BlockIDs[i]}
+			if bad == nil {
+				bad = make([]error, len(plans))
+			}
+			bad[i] = err
+		}
+		p.RequestID = batch.RequestID(i)
+		plans[i] = p
+	}
+	return w.submit(kindLoad, plans, nil, bad), nil
 }
+
+// errNoLayout refuses the bulk path on a handle created without a layout.
+var errNoLayout = fmt.Errorf("%w: the worker handle has no layout: pass one to NewWorkerHandle, or use Store and Load", ErrInvalidLayout)
 
 // Poll reports whether the job has ended. While another transfer is
 // blocked, a job still queued behind it is failed as not attempted (it holds
-// no buffers), and Poll reports true.
+// no buffers), and Poll reports true. A nil job has ended.
 func (w *WorkerHandle) Poll(job *TransferJob) bool {
-	if job.ended() {
+	if job == nil || job.ended() {
 		return true
 	}
-	if w.blockedCount() > 0 && w.failIfQueued(job) {
-		return true
-	}
-	return false
+	return w.blocked.Load() > 0 && job.failQueued(errQueuedBehind)
 }
 
 // Wait waits for the job to end, at most until the running job's deadline
-// (or Timeout for a job still queued), or until ctx ends. It returns nil once
-// the job has ended — its Status tells how. A job still running past its
-// deadline makes Wait return ErrBuffersInUse: the job stays RUNNING and its
-// buffers must not be reused. A job still queued then is failed as not
-// attempted instead.
+// (or Timeout for a job still queued), or until ctx ends. Its answer is the
+// engine's whole decision:
+//
+//   - nil: the job COMPLETED;
+//   - the job's error (Err) when it FAILED or was CANCELLED: its buffers are
+//     free, and KeyErr tells each key's fate;
+//   - an error matching ErrBuffersInUse when the job is still running past
+//     its deadline (or ctx ended first; the error then matches ctx's error
+//     too): the job stays RUNNING and its buffers must not be reused.
+//
+// A job still queued when Wait gives up is failed as not attempted instead.
 func (w *WorkerHandle) Wait(ctx context.Context, job *TransferJob) error {
-	queuedUntil := time.Now().Add(w.timeout)
-	for {
-		if job.ended() {
-			return nil
-		}
-		started, deadline := job.runState()
-		wake := queuedUntil
-		if started {
-			wake = deadline
-		}
-		timer := time.NewTimer(time.Until(wake))
-		select {
-		case <-job.done:
-			timer.Stop()
-			return nil
-		case <-ctx.Done():
-			timer.Stop()
-			if job.ended() || w.failIfQueued(job) {
-				return nil // it ended: the buffers are free
-			}
-			return fmt.Errorf("%w: %s job of %d keys still running: %w", ErrBuffersInUse, job.kind, len(job.plans), ctx.Err())
-		case <-timer.C:
-		}
-		if job.ended() {
-			return nil
-		}
-		if s, _ := job.runState(); !s {
-			if w.failIfQueued(job) {
-				return nil
-			}
-			continue // it started just now: wait for its own deadline
-		}
-		if !started {
-			continue
-		}
-		if job.waitingForStream() {
-			// It waits for the engine's stream, having sent nothing, and
-			// gives up at this same deadline: as not attempted.
-			select {
-			case <-job.done:
-				return nil
-			case <-time.After(streamWaitGrace):
-			}
-		}
-		return fmt.Errorf("%w: %s job of %d keys is still running %v after it started", ErrBuffersInUse, job.kind, len(job.plans), w.timeout)
+	if job == nil {
+		return errNilJob
 	}
+	return job.wait(ctx, w.timeout)
 }
 
 // Cancel withdraws a job. A job still queued becomes CANCELLED
@@ -401,73 +400,57 @@ func (w *WorkerHandle) Wait(ctx context.Context, job *TransferJob) error {
 // engine keeps pinned. A running load is waited for as Wait does, since the
 // engine is about to reuse its destination.
 func (w *WorkerHandle) Cancel(job *TransferJob) {
-	if w.cancelQueued(job, "preempted") || job.ended() || job.kind == kindStore {
+	if job == nil || job.cancelQueued("preempted") || job.ended() || job.kind == kindStore {
 		return
 	}
-	if err := w.Wait(context.Background(), job); err != nil {
+	if err := w.Wait(context.Background(), job); err != nil && !job.ended() {
 		w.log.Warn("UMBP standalone load cancelled while still running", "endpoint", w.address, "err", err)
 	}
 }
 
 // Publish makes a completed store's blocks visible to other engines. On the
 // standalone server a stored object is visible as soon as its store
-// completes, so Publish only checks that the job COMPLETED.
+// completes, so Publish only checks that the job COMPLETED: otherwise its
+// error wraps the job's (ErrBuffersInUse while it runs).
 func (w *WorkerHandle) Publish(job *TransferJob) error {
-	if s := job.Status(); s != JobCompleted {
-		return fmt.Errorf("%w (status %s: %s)", errJobNotCompleted, s, job.Err())
+	if job == nil {
+		return errNilJob
 	}
-	return nil
+	switch s := job.Status(); s {
+	case JobCompleted:
+		return nil
+	case JobRunning:
+		return fmt.Errorf("umbp: cannot publish a store that is still running: %w", ErrBuffersInUse)
+	default:
+		return fmt.Errorf("umbp: cannot publish a %s store: %w", s, job.Err())
+	}
 }
 
-// cancelQueued cancels a job whose transfer has not started.
-func (w *WorkerHandle) cancelQueued(job *TransferJob, reason string) bool {
-	f := job.fut()
-	if f == nil || !f.Cancel() {
-		return false
-	}
-	if job.cancel(reason) {
-		w.stats.failed.Add(1)
-	}
-	job.drop()
-	w.forget(job)
-	return true
-}
+// blockedDelta counts a job entering (+1) or leaving (-1) the blocked phase.
+func (w *WorkerHandle) blockedDelta(d int) { w.blocked.Add(int64(d)) }
 
-// failIfQueued fails a job still waiting for a transfer goroutine.
-func (w *WorkerHandle) failIfQueued(job *TransferJob) bool {
-	f := job.fut()
-	if f == nil || !f.Cancel() {
-		return false
-	}
-	if job.failRest(TransferNotAttempted + ": queued behind a blocked UMBP standalone transfer") {
-		w.stats.failed.Add(1)
-	}
-	job.drop()
-	w.forget(job)
-	return true
-}
-
-func (w *WorkerHandle) forget(job *TransferJob) {
-	w.mu.Lock()
+// jobEnded forgets an ended job and counts it.
+func (w *WorkerHandle) jobEnded(job *TransferJob) {
+	w.jobsMu.Lock()
 	delete(w.inflight, job)
-	w.mu.Unlock()
-}
-
-// blockedCount counts transfers running past their deadline on the
-// current connection. One still on a replaced connection keeps its own
-// buffers, but holds nothing up on the new server.
-func (w *WorkerHandle) blockedCount() int {
-	cur := w.link.conn()
-	now := time.Now()
-	n := 0
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for j := range w.inflight {
-		if started, dl := j.runState(); started && !now.Before(dl) && !j.ended() && !j.waitingForStream() && j.connection() == cur {
-			n++
+	w.jobsMu.Unlock()
+	submitted, status, n := job.summary()
+	switch {
+	case !submitted:
+		if status != JobCompleted { // a job of no plans completes unsubmitted
+			w.stats.refused.Add(1)
 		}
+		return
+	case status == JobCompleted:
+		w.stats.completed.Add(1)
+	default:
+		w.stats.failed.Add(1)
 	}
-	return n
+	if job.kind == kindStore {
+		w.stats.bytesStored.Add(n)
+	} else {
+		w.stats.bytesLoaded.Add(n)
+	}
 }
 
 func (w *WorkerHandle) isClosed() bool {
@@ -479,13 +462,16 @@ func (w *WorkerHandle) isClosed() bool {
 // Close releases the handle without ever hanging: it returns within about
 // three times Timeout at worst (a registration under way, the running jobs'
 // deadlines, deregistration). Queued jobs are cancelled; running ones get
-// until their own deadlines. If any is still in flight
-// then, nothing is deregistered: every registered buffer is kept alive (a
-// HostBuffer refuses to close) and Close returns ErrBuffersAbandoned naming
-// them — the engine must not free that memory. Otherwise the handle
-// deregisters its memory and closes its connection on a goroutine bounded by
-// Timeout, abandoning the buffers the same way if that does not return. A
-// failed deregistration is logged, not returned: the server may be gone.
+// until their own deadlines. If any is still in flight then, nothing is
+// deregistered yet: every registered buffer stays registered (a HostBuffer
+// refuses to close) and Close returns ErrBuffersAbandoned naming them — the
+// engine must not free that memory. Once those transfers have ended (the
+// server answered, or its process exited) the handle deregisters the
+// buffers and gives them back: a HostBuffer closes again, and Stats'
+// AbandonedBytes falls to zero. Otherwise the handle deregisters its memory
+// and closes its connection at once, on a goroutine bounded by Timeout,
+// abandoning the buffers the same way if that does not return. A failed
+// deregistration is logged, not returned: the server may be gone.
 func (w *WorkerHandle) Close() error {
 	w.mu.Lock()
 	if w.closed {
@@ -502,28 +488,27 @@ func (w *WorkerHandle) Close() error {
 		w.unlockReg() // every later holder sees the handle closed
 	}
 	regCancel()
-	w.mu.Lock()
+	w.pool.Shutdown()
+	w.jobsMu.Lock()
 	jobs := make([]*TransferJob, 0, len(w.inflight))
 	for j := range w.inflight {
 		jobs = append(jobs, j)
 	}
-	w.mu.Unlock()
+	w.jobsMu.Unlock()
 	c := w.link.conn()
 
-	w.pool.Shutdown(false, true)
 	now := time.Now()
 	until := now
 	var running []*TransferJob
 	for _, j := range jobs {
-		if f := j.fut(); f != nil && f.Cancelled() {
-			if j.cancel("handle closed") {
-				w.stats.failed.Add(1)
-			}
-			j.drop()
+		if j.cancelQueued("handle closed") {
 			continue
 		}
-		started, dl := j.runState()
-		if !started {
+		ph, dl := j.state()
+		if ph == phaseEnded {
+			continue
+		}
+		if dl.IsZero() { // starting right now
 			dl = now.Add(w.timeout)
 		}
 		until = later(until, dl)
@@ -544,33 +529,35 @@ func (w *WorkerHandle) Close() error {
 		}
 	}
 	if inFlight > 0 {
-		// The connection stays open until the blocked transfers return:
-		// closing it would not stop the server from using their buffers.
+		// Deregistration and the connection's close wait until the blocked
+		// transfers return: neither would stop the server from using their
+		// buffers.
+		regions := w.abandon(fmt.Sprintf("%s still blocked in the server", plural(inFlight, "transfer")))
 		go func() {
 			for _, j := range running {
 				<-j.done
 			}
-			_ = c.Close()
+			w.release(c)
+			w.reclaim(regions)
 		}()
-		return w.abandon(fmt.Sprintf("%d transfer(s) are still blocked in the server", inFlight))
+		return w.abandonedError(regions, fmt.Sprintf("%s still blocked in the server", plural(inFlight, "transfer")))
 	}
 
 	released := make(chan struct{})
 	go func() {
 		defer close(released)
-		ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
-		defer cancel()
-		if err := c.Deregister(ctx); err != nil {
-			w.log.Warn("UMBP standalone deregistration failed", "endpoint", w.address, "err", err)
-		}
-		if err := c.Close(); err != nil {
-			w.log.Warn("UMBP standalone worker client close failed", "endpoint", w.address, "err", err)
-		}
+		w.release(c)
 	}()
 	select {
 	case <-released:
 	case <-time.After(w.timeout):
-		return w.abandon(fmt.Sprintf("deregistration did not return in %v", w.timeout))
+		reason := fmt.Sprintf("deregistration did not return in %v", w.timeout)
+		regions := w.abandon(reason)
+		go func() {
+			<-released
+			w.reclaim(regions)
+		}()
+		return w.abandonedError(regions, reason)
 	}
 	w.mu.Lock()
 	regions := w.regions
@@ -585,26 +572,62 @@ func (w *WorkerHandle) Close() error {
 	return nil
 }
 
-func (w *WorkerHandle) abandon(reason string) error {
+// release deregisters the handle's memory from c's server and closes c,
+// bounded by Timeout.
+func (w *WorkerHandle) release(c *conn.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
+	defer cancel()
+	if err := c.Deregister(ctx); err != nil {
+		w.log.Warn("UMBP standalone deregistration failed", "endpoint", w.address, "err", err)
+	}
+	if err := c.Close(); err != nil {
+		w.log.Warn("UMBP standalone worker client close failed", "endpoint", w.address, "err", err)
+	}
+}
+
+// abandon takes the handle's regions and marks them abandoned: their memory
+// must not be freed until reclaim gives them back.
+func (w *WorkerHandle) abandon(reason string) []*memRegion {
 	w.mu.Lock()
 	regions := w.regions
 	w.regions = nil
+	w.mu.Unlock()
+	var names []string
+	for _, r := range regions {
+		names = append(names, r.names...)
+		if r.host != nil {
+			r.host.abandon()
+		}
+		w.stats.abandoned.Add(int64(len(r.names)))
+		w.stats.abandonedBytes.Add(int64(r.size))
+	}
+	w.log.Warn("UMBP standalone worker closed with transfers in flight; its buffers must not be freed until they end",
+		"endpoint", w.address, "reason", reason, "buffers", names)
+	return regions
+}
+
+// reclaim gives back abandoned regions once nothing of the server's uses
+// them: every transfer that held them has ended and they were deregistered.
+func (w *WorkerHandle) reclaim(regions []*memRegion) {
+	var names []string
+	for _, r := range regions {
+		names = append(names, r.names...)
+		if r.host != nil {
+			r.host.reclaim()
+		}
+		w.stats.abandoned.Add(-int64(len(r.names)))
+		w.stats.abandonedBytes.Add(-int64(r.size))
+	}
+	w.staging.close()
+	w.log.Info("UMBP standalone worker's abandoned buffers are free again", "endpoint", w.address, "buffers", names)
+}
+
+func (w *WorkerHandle) abandonedError(regions []*memRegion, reason string) error {
 	var names []string
 	for _, r := range regions {
 		names = append(names, r.names...)
 	}
-	w.mu.Unlock()
-	for _, r := range regions {
-		if r.host != nil {
-			r.host.abandon()
-		}
-	}
-	// Nothing unmaps an abandoned buffer: its mapping is not the garbage
-	// collector's, and the HostBuffer refuses to close.
-	w.stats.abandoned.Add(int64(len(names)))
-	w.log.Warn("UMBP standalone worker client left open at shutdown; its buffers must not be freed",
-		"endpoint", w.address, "reason", reason, "buffers", names)
-	return fmt.Errorf("%w: %s; buffers kept registered: %s", ErrBuffersAbandoned, reason, strings.Join(names, ", "))
+	return fmt.Errorf("%w: %s; buffers kept registered until it ends: %s", ErrBuffersAbandoned, reason, strings.Join(names, ", "))
 }
 
 func (w *WorkerHandle) logFailure(op string, err error) {

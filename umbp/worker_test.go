@@ -56,9 +56,9 @@ func roundTrip(t *testing.T, opts umbptest.Options, layers int) {
 
 	// The bulk paths give the same bytes.
 	b2 := newEngine(t, rt, layers, blocks, blockBytes)
-	lj, ok := b2.w.LoadBlocks(umbp.BlockLoadBatch{Keys: job.Keys(), BlockIDs: ids(8), GroupIDs: make([]int, 8)})
-	if !ok {
-		t.Fatal("LoadBlocks refused a plannable batch")
+	lj, err := b2.w.LoadBlocks(umbp.BlockLoadBatch{Keys: job.Keys(), BlockIDs: ids(8), GroupIDs: make([]int, 8)})
+	if err != nil {
+		t.Fatalf("LoadBlocks refused a plannable batch: %v", err)
 	}
 	waitJob(t, b2.w, lj)
 	if lj.Status() != umbp.JobCompleted {
@@ -85,25 +85,49 @@ func TestStoreBlocksBulkPath(t *testing.T) {
 	for i, p := range plans {
 		bare[i] = umbp.BlockTransferPlan{Key: p.Key, BlockID: p.BlockID}
 	}
-	job, ok := a.w.StoreBlocks(bare)
-	if !ok {
-		t.Fatal("StoreBlocks refused")
+	job, err := a.w.StoreBlocks(bare)
+	if err != nil {
+		t.Fatalf("StoreBlocks refused: %v", err)
 	}
 	waitJob(t, a.w, job)
 	if job.Status() != umbp.JobCompleted {
-		t.Fatalf("%s %s", job.Status(), job.Err())
+		t.Fatalf("%s %v", job.Status(), job.Err())
 	}
-	if _, ok := a.w.StoreBlocks(plans); ok {
-		t.Fatal("StoreBlocks took plans with explicit ranges")
+	// Plans the layout cannot plan fail their own keys, with the planner's
+	// error, as not attempted; their siblings still run.
+	mixed := []umbp.BlockTransferPlan{
+		{Key: "b-ok", BlockID: 4},
+		plans[0], // explicit ranges
+		{Key: "b-out", BlockID: 99},
+		{Key: "b-group", GroupID: 7},
 	}
-	if _, ok := a.w.StoreBlocks([]umbp.BlockTransferPlan{{Key: "k", BlockID: 99}}); ok {
-		t.Fatal("StoreBlocks took a block out of range")
+	job, err = a.w.StoreBlocks(mixed)
+	if err != nil {
+		t.Fatalf("StoreBlocks of a mixed batch: %v", err)
 	}
-	if _, ok := a.w.StoreBlocks([]umbp.BlockTransferPlan{{Key: "k", GroupID: 7}}); ok {
-		t.Fatal("StoreBlocks took a missing group")
+	waitJob(t, a.w, job)
+	if got := fmt.Sprint(job.CompletedKeys()); got != "[b-ok]" {
+		t.Fatalf("completed %s (%v)", got, job.Err())
 	}
-	if _, ok := a.w.LoadBlocks(umbp.BlockLoadBatch{Keys: []string{"a"}, BlockIDs: []int{0}}); ok {
-		t.Fatal("LoadBlocks took unequal columns")
+	for i := 1; i < len(mixed); i++ {
+		if err := job.KeyErr(i); !errors.Is(err, umbp.ErrNotAttempted) || !errors.Is(err, umbp.ErrInvalidPlan) {
+			t.Errorf("key %d: %v, want ErrNotAttempted and ErrInvalidPlan", i, err)
+		}
+	}
+	if _, err := a.w.LoadBlocks(umbp.BlockLoadBatch{Keys: []string{"a"}, BlockIDs: []int{0}}); !errors.Is(err, umbp.ErrInvalidPlan) {
+		t.Fatalf("LoadBlocks of unequal columns: %v, want ErrInvalidPlan", err)
+	}
+	// Without a layout the bulk path refuses the call.
+	w, err := rt.NewWorkerHandle(t.Context(), "no-layout", umbp.RankTopology{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if j, err := w.StoreBlocks(bare); j != nil || !errors.Is(err, umbp.ErrInvalidLayout) {
+		t.Fatalf("StoreBlocks without a layout: %v, %v; want nil, ErrInvalidLayout", j, err)
+	}
+	if j, err := w.LoadBlocks(umbp.BlockLoadBatch{Keys: []string{"a"}, BlockIDs: []int{0}, GroupIDs: []int{0}}); j != nil || !errors.Is(err, umbp.ErrInvalidLayout) {
+		t.Fatalf("LoadBlocks without a layout: %v, %v; want nil, ErrInvalidLayout", j, err)
 	}
 }
 
@@ -131,10 +155,19 @@ func TestBadPlansFailOnlyThemselves(t *testing.T) {
 	if fmt.Sprint(job.FailedBlockIDs()) != "[2 3]" {
 		t.Fatalf("failed ids %v", job.FailedBlockIDs())
 	}
-	for _, frag := range []string{umbp.TransferNotAttempted, `key "outside-2" range 0`, "outside registered memory", "gap-3"} {
-		if !strings.Contains(job.Err(), frag) {
+	for _, frag := range []string{`key "outside-2" range 0`, "outside registered memory", "gap-3"} {
+		if !strings.Contains(job.Err().Error(), frag) {
 			t.Errorf("Err() = %q, want it to mention %q", job.Err(), frag)
 		}
+	}
+	for _, i := range []int{1, 2} {
+		if err := job.KeyErr(i); !errors.Is(err, umbp.ErrNotAttempted) || !errors.Is(err, umbp.ErrInvalidPlan) ||
+			!strings.HasPrefix(err.Error(), "transfer not attempted: ") {
+			t.Errorf("KeyErr(%d) = %v, want a not-attempted invalid plan", i, err)
+		}
+	}
+	if err := job.KeyErr(0); err != nil {
+		t.Errorf("KeyErr(0) = %v for a key that completed", err)
 	}
 	// A load of a missing key fails that key only.
 	lp := a.plans(t, "ok", 0, 1)
@@ -239,8 +272,8 @@ func TestStalledStore(t *testing.T) {
 		t.Fatalf("stalled store is %s", stuck.Status())
 	}
 	for _, j := range []*umbp.TransferJob{a.w.Store(a.plans(t, "s", 2)), a.w.Load(a.plans(t, "s", 0))} {
-		if j.Status() != umbp.JobFailed || !strings.Contains(j.Err(), "transfer not attempted: an earlier UMBP standalone transfer is still blocked") {
-			t.Fatalf("transfer while blocked: %s %q", j.Status(), j.Err())
+		if j.Status() != umbp.JobFailed || !errors.Is(j.Err(), umbp.ErrNotAttempted) || !strings.Contains(j.Err().Error(), "still blocked") {
+			t.Fatalf("transfer while blocked: %s %v", j.Status(), j.Err())
 		}
 	}
 
@@ -277,21 +310,28 @@ func TestQueuedBehindBlocked(t *testing.T) {
 	queued2 := a.w.Load(a.plans(t, "q", 2))
 	queued3 := a.w.Store(a.plans(t, "q", 3))
 	a.w.Cancel(queued3)
-	if queued3.Status() != umbp.JobCancelled || queued3.Err() != "preempted" {
-		t.Fatalf("cancelled queued job: %s %q", queued3.Status(), queued3.Err())
+	if queued3.Status() != umbp.JobCancelled || !errors.Is(queued3.Err(), umbp.ErrCancelled) || !strings.Contains(queued3.Err().Error(), "preempted") {
+		t.Fatalf("cancelled queued job: %s %v", queued3.Status(), queued3.Err())
+	}
+	if err := a.w.Wait(context.Background(), queued3); !errors.Is(err, umbp.ErrCancelled) {
+		t.Fatalf("Wait of a cancelled job = %v, want ErrCancelled", err)
 	}
 	if a.w.Poll(queued1) {
 		t.Fatal("Poll failed a queued job before anything was blocked")
 	}
-	time.Sleep(cfg.Timeout + 50*time.Millisecond) // the stuck store is now blocked
-	if !a.w.Poll(queued1) || queued1.Status() != umbp.JobFailed || !strings.Contains(queued1.Err(), "queued behind a blocked") {
-		t.Fatalf("Poll of a queued job: %s %q", queued1.Status(), queued1.Err())
+	// Wait gives up on the stuck store at its deadline: it is blocked.
+	if err := a.w.Wait(context.Background(), stuck); !errors.Is(err, umbp.ErrBuffersInUse) {
+		t.Fatalf("Wait of the stuck store = %v, want ErrBuffersInUse", err)
 	}
-	if err := a.w.Wait(context.Background(), queued2); err != nil {
-		t.Fatalf("Wait of a queued job: %v", err)
+	if n := a.w.Stats().TransfersBlocked; n != 1 {
+		t.Fatalf("%d transfers blocked, want 1", n)
 	}
-	if queued2.Status() != umbp.JobFailed || !strings.HasPrefix(queued2.Err(), umbp.TransferNotAttempted) {
-		t.Fatalf("Wait of a queued job: %s %q", queued2.Status(), queued2.Err())
+	if !a.w.Poll(queued1) || queued1.Status() != umbp.JobFailed || !strings.Contains(queued1.Err().Error(), "queued behind a blocked") {
+		t.Fatalf("Poll of a queued job: %s %v", queued1.Status(), queued1.Err())
+	}
+	err := a.w.Wait(context.Background(), queued2)
+	if queued2.Status() != umbp.JobFailed || !errors.Is(err, umbp.ErrNotAttempted) || err.Error() != queued2.Err().Error() {
+		t.Fatalf("Wait of a queued job = %v: %s %v", err, queued2.Status(), queued2.Err())
 	}
 	// Cancelling a running store leaves it running.
 	a.w.Cancel(stuck)
@@ -406,7 +446,7 @@ func TestCloseWhileStaging(t *testing.T) {
 	waitCalls(t, srv, "BatchPut", 1)
 	errc := make(chan error, 1)
 	go func() { errc <- e.w.Close() }()
-	time.Sleep(300 * time.Millisecond) // Close has begun
+	waitFor(t, "Close to begin", func() bool { return e.w.State() == umbp.StateClosed })
 	srv.Resume()
 	if err := <-errc; err != nil {
 		t.Fatalf("Close = %v, want nil: nothing was left in the server", err)
@@ -435,11 +475,11 @@ func TestFallbackKeyErrors(t *testing.T) {
 		t.Fatalf("load: %s, failed %v", job.Status(), job.FailedKeys())
 	}
 	miss, staged := job.KeyErr(0), job.KeyErr(1)
-	if !strings.Contains(miss, "is not in the pool") || strings.Contains(miss, "FDHandoff") || strings.Contains(miss, "staging") {
-		t.Errorf("the missing single-range key carries %q, want a plain miss", miss)
+	if !errors.Is(miss, umbp.ErrNotInPool) || strings.Contains(miss.Error(), "FDHandoff") || strings.Contains(miss.Error(), "staging") {
+		t.Errorf("the missing single-range key carries %v, want a plain miss", miss)
 	}
-	if !strings.Contains(staged, "staging") {
-		t.Errorf("the staged key carries %q, want the staging buffer's error", staged)
+	if errors.Is(staged, umbp.ErrNotInPool) || !strings.Contains(staged.Error(), "staging") {
+		t.Errorf("the staged key carries %v, want the staging buffer's error", staged)
 	}
 }
 
@@ -498,7 +538,7 @@ func TestStoreRetryTransportFails(t *testing.T) {
 	}
 	srv.FailNext("BatchPutRanges", 1)
 	waitJob(t, e.w, job)
-	if job.Status() != umbp.JobFailed || !strings.Contains(job.KeyErr(0), "unavailable") {
-		t.Fatalf("store: %s, key error %q; want the retry's transport error", job.Status(), job.KeyErr(0))
+	if job.Status() != umbp.JobFailed || !errors.Is(job.KeyErr(0), umbp.ErrUnavailable) {
+		t.Fatalf("store: %s, key error %v; want the retry's transport error", job.Status(), job.KeyErr(0))
 	}
 }

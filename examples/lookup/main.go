@@ -116,8 +116,8 @@ func seed(ctx context.Context, endpoint string, log *slog.Logger) ([]string, err
 		})
 	}
 	job := w.Store(plans)
-	if err := w.Wait(ctx, job); err != nil || job.Status() != umbp.JobCompleted {
-		return nil, fmt.Errorf("seed store: %v %s %s", err, job.Status(), job.Err())
+	if err := w.Wait(ctx, job); err != nil {
+		return nil, fmt.Errorf("seed store: %w", err)
 	}
 	return job.Keys(), nil
 }

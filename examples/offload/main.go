@@ -133,12 +133,12 @@ func run(endpoint string, blocks, layers, blockBytes int, lookupTO, timeout time
 		plans[i] = umbp.BlockTransferPlan{Key: keys[i], BlockID: i}
 	}
 	start := time.Now()
-	job, ok := a.w.StoreBlocks(plans)
-	if !ok {
-		return errors.New("the layout could not plan the store")
+	job, err := a.w.StoreBlocks(plans)
+	if err != nil {
+		return err
 	}
-	if err := a.w.Wait(ctx, job); err != nil || job.Status() != umbp.JobCompleted {
-		return fmt.Errorf("store: %v %s %s", err, job.Status(), job.Err())
+	if err := a.w.Wait(ctx, job); err != nil {
+		return fmt.Errorf("store: %w", err)
 	}
 	storeTime := time.Since(start)
 
@@ -161,12 +161,12 @@ func run(endpoint string, blocks, layers, blockBytes int, lookupTO, timeout time
 		batch.BlockIDs[i] = blocks - 1 - i
 	}
 	start = time.Now()
-	lj, ok := b.w.LoadBlocks(batch)
-	if !ok {
-		return errors.New("the layout could not plan the load")
+	lj, err := b.w.LoadBlocks(batch)
+	if err != nil {
+		return err
 	}
-	if err := b.w.Wait(ctx, lj); err != nil || lj.Status() != umbp.JobCompleted {
-		return fmt.Errorf("load: %v %s %s", err, lj.Status(), lj.Err())
+	if err := b.w.Wait(ctx, lj); err != nil {
+		return fmt.Errorf("load: %w", err)
 	}
 	loadTime := time.Since(start)
 	if err := verify(a, b, blocks, layers, blockBytes); err != nil {
@@ -195,11 +195,18 @@ func run(endpoint string, blocks, layers, blockBytes int, lookupTO, timeout time
 	t0 = time.Now()
 	got = sched.Lookup(ctx, keys)
 	fmt.Printf("  the next lookup answered %d hits in %v, without asking the server\n", count(got), time.Since(t0).Round(time.Microsecond))
-	stuck, _ := a.w.StoreBlocks([]umbp.BlockTransferPlan{plans[0]})
+	stuck, err := a.w.StoreBlocks([]umbp.BlockTransferPlan{plans[0]})
+	if err != nil {
+		return err
+	}
 	err = a.w.Wait(ctx, stuck)
 	fmt.Printf("  a store outlived its %v deadline: Wait says %q; the job is still %s\n", timeout, errText(err), stuck.Status())
-	refused, _ := a.w.LoadBlocks(batch)
-	fmt.Printf("  engine A's next transfer is %s at once: %s\n", refused.Status(), refused.Err())
+	refused, err := a.w.LoadBlocks(batch)
+	if err != nil {
+		return err
+	}
+	err = a.w.Wait(ctx, refused)
+	fmt.Printf("  engine A's next transfer fails at once, not attempted (%v): %s\n", errors.Is(err, umbp.ErrNotAttempted), refused.KeyErr(0))
 
 	fmt.Println("the server resumes:")
 	gate.resume()
@@ -212,9 +219,12 @@ func run(endpoint string, blocks, layers, blockBytes int, lookupTO, timeout time
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	lj2, _ := b.w.LoadBlocks(batch)
-	if err := b.w.Wait(ctx, lj2); err != nil || lj2.Status() != umbp.JobCompleted {
-		return fmt.Errorf("load after resume: %v %s %s", err, lj2.Status(), lj2.Err())
+	lj2, err := b.w.LoadBlocks(batch)
+	if err != nil {
+		return err
+	}
+	if err := b.w.Wait(ctx, lj2); err != nil {
+		return fmt.Errorf("load after resume: %w", err)
 	}
 	if err := verify(a, b, blocks, layers, blockBytes); err != nil {
 		return err

@@ -34,7 +34,7 @@ var (
 	// anything was sent.
 	ErrInvalidArgument = errors.New("invalid argument")
 	// ErrClosed means the Conn was closed.
-	ErrClosed = errors.New("umbp connection closed")
+	ErrClosed = errors.New("umbp: handle is closed")
 	// ErrPeerUnknown means a server process behind the connection could
 	// not be pinned (another pid namespace on a kernel without
 	// SO_PEERPIDFD), so its exit cannot be observed.

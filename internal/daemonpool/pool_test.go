@@ -1,7 +1,6 @@
 package daemonpool
 
 import (
-	"context"
 	"errors"
 	"io"
 	"runtime"
@@ -18,39 +17,43 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-func newPool(t *testing.T, workers int) *Pool {
+// newPool starts a pool that the test's cleanup shuts down and waits for.
+func newPool(t *testing.T, workers int, onPanic func(error)) *Pool {
 	t.Helper()
-	p, err := New(workers, t.Name())
+	p, err := New(workers, t.Name(), onPanic)
 	if err != nil {
 		t.Fatalf("New(%d): %v", workers, err)
 	}
-	t.Cleanup(func() { p.Shutdown(true, true) })
+	t.Cleanup(func() {
+		p.Shutdown()
+		<-p.Terminated()
+	})
 	return p
 }
 
-func submit(t *testing.T, p *Pool, fn func() (any, error)) *Future {
+func submit[T any](t *testing.T, p *Pool, fn func() (T, error)) *Future[T] {
 	t.Helper()
-	f, err := p.Submit(fn)
+	f, err := Submit(p, fn)
 	if err != nil {
 		t.Fatalf("Submit: %v", err)
 	}
 	return f
 }
 
-func waitDone(t *testing.T, f *Future) (any, error) {
+// waitDone waits (bounded) for f and returns its result.
+func waitDone[T any](t *testing.T, f *Future[T]) (T, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	v, err := f.Wait(ctx)
-	if errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("future not done after 5s (state %v)", f.State())
+	select {
+	case <-f.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("future not done after 10s")
 	}
-	return v, err
+	return f.Result()
 }
 
 func TestNewRejectsNonPositiveWorkers(t *testing.T) {
 	for _, n := range []int{0, -1} {
-		p, err := New(n, "bad")
+		p, err := New(n, "bad", nil)
 		if err == nil || p != nil {
 			t.Fatalf("New(%d) = %v, %v; want error", n, p, err)
 		}
@@ -61,11 +64,11 @@ func TestNewRejectsNonPositiveWorkers(t *testing.T) {
 }
 
 func TestResultsAndErrors(t *testing.T) {
-	p := newPool(t, 2)
+	p := newPool(t, 2, nil)
 	boom := errors.New("boom")
-	var futs []*Future
+	var futs []*Future[int]
 	for i := range 50 {
-		futs = append(futs, submit(t, p, func() (any, error) {
+		futs = append(futs, submit(t, p, func() (int, error) {
 			if i%5 == 0 {
 				return i, boom
 			}
@@ -81,12 +84,6 @@ func TestResultsAndErrors(t *testing.T) {
 		} else if err != nil || v != i*i {
 			t.Errorf("future %d: got %v, %v; want %d, nil", i, v, err, i*i)
 		}
-		if f.State() != StateDone || !f.Started() || f.Running() || f.Cancelled() {
-			t.Errorf("future %d: state %v after completion", i, f.State())
-		}
-		if v2, err2 := f.Result(); v2 != v || err2 != err {
-			t.Errorf("future %d: Result() = %v, %v; Wait gave %v, %v", i, v2, err2, v, err)
-		}
 		if f.Cancel() {
 			t.Errorf("future %d: Cancel after completion succeeded", i)
 		}
@@ -94,11 +91,11 @@ func TestResultsAndErrors(t *testing.T) {
 }
 
 func TestResultBeforeDone(t *testing.T) {
-	p := newPool(t, 1)
+	p := newPool(t, 1, nil)
 	gate := make(chan struct{})
-	f := submit(t, p, func() (any, error) { <-gate; return "ok", nil })
-	if _, err := f.Result(); !errors.Is(err, ErrNotDone) {
-		t.Fatalf("Result before done: err %v, want ErrNotDone", err)
+	f := submit(t, p, func() (string, error) { <-gate; return "ok", nil })
+	if v, err := f.Result(); !errors.Is(err, ErrNotDone) || v != "" {
+		t.Fatalf("Result before done = %q, %v; want zero, ErrNotDone", v, err)
 	}
 	close(gate)
 	if v, err := waitDone(t, f); v != "ok" || err != nil {
@@ -107,8 +104,8 @@ func TestResultBeforeDone(t *testing.T) {
 }
 
 func TestPanicBecomesError(t *testing.T) {
-	p := newPool(t, 1)
-	f := submit(t, p, func() (any, error) { panic("kaboom") })
+	p := newPool(t, 1, nil)
+	f := submit(t, p, func() (int, error) { panic("kaboom") })
 	_, err := waitDone(t, f)
 	var pe *PanicError
 	if !errors.As(err, &pe) || pe.Value != "kaboom" {
@@ -119,76 +116,93 @@ func TestPanicBecomesError(t *testing.T) {
 	}
 
 	// A panic with an error value unwraps to it.
-	f = submit(t, p, func() (any, error) { panic(io.ErrUnexpectedEOF) })
+	f = submit(t, p, func() (int, error) { panic(io.ErrUnexpectedEOF) })
 	if _, err := waitDone(t, f); !errors.Is(err, io.ErrUnexpectedEOF) || !errors.As(err, &pe) {
 		t.Fatalf("err = %v, want PanicError wrapping io.ErrUnexpectedEOF", err)
 	}
 
 	// panic(nil) is a panic too.
-	f = submit(t, p, func() (any, error) { panic(nil) })
+	f = submit(t, p, func() (int, error) { panic(nil) })
 	if _, err := waitDone(t, f); !errors.As(err, &pe) {
 		t.Fatalf("panic(nil): err = %v, want *PanicError", err)
 	}
 
 	// The single goroutine survived all of that.
-	f = submit(t, p, func() (any, error) { return 7, nil })
+	f = submit(t, p, func() (int, error) { return 7, nil })
 	if v, err := waitDone(t, f); v != 7 || err != nil {
 		t.Fatalf("after panics: got %v, %v", v, err)
 	}
 }
 
+func TestGoPanicGoesToHandler(t *testing.T) {
+	got := make(chan error, 2)
+	p := newPool(t, 1, func(err error) { got <- err })
+	if err := p.Go(func() { panic("kaboom") }); err != nil {
+		t.Fatal(err)
+	}
+	var pe *PanicError
+	if err := <-got; !errors.As(err, &pe) || pe.Value != "kaboom" {
+		t.Fatalf("handler got %v, want *PanicError kaboom", err)
+	}
+	if err := p.Go(func() { runtime.Goexit() }); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; !errors.Is(err, ErrGoexit) {
+		t.Fatalf("handler got %v, want ErrGoexit", err)
+	}
+	ran := make(chan struct{})
+	if err := p.Go(func() { close(ran) }); err != nil {
+		t.Fatal(err)
+	}
+	<-ran // the goroutine survived both
+}
+
 func TestGoexitBecomesErrorAndWorkerIsReplaced(t *testing.T) {
-	p := newPool(t, 1)
-	f := submit(t, p, func() (any, error) { runtime.Goexit(); return nil, nil })
+	p := newPool(t, 1, nil)
+	f := submit(t, p, func() (int, error) { runtime.Goexit(); return 0, nil })
 	if _, err := waitDone(t, f); !errors.Is(err, ErrGoexit) {
 		t.Fatalf("err = %v, want ErrGoexit", err)
 	}
-	f = submit(t, p, func() (any, error) { return "alive", nil })
-	if v, err := waitDone(t, f); v != "alive" || err != nil {
+	g := submit(t, p, func() (string, error) { return "alive", nil })
+	if v, err := waitDone(t, g); v != "alive" || err != nil {
 		t.Fatalf("after Goexit: got %v, %v", v, err)
 	}
-	p.Shutdown(true, false)
+	p.Shutdown()
 	select {
 	case <-p.Terminated():
-	default:
-		t.Fatal("Terminated not closed after Shutdown(wait=true)")
+	case <-time.After(10 * time.Second):
+		t.Fatal("Terminated not closed after Shutdown of an idle pool")
 	}
 }
 
-// blockPool fills every goroutine of p with a call blocked on the returned
-// gate, and waits until all of them are running.
-func blockPool(t *testing.T, p *Pool) (gate chan struct{}, running []*Future) {
+// blockPool fills every one of p's workers goroutines with a call blocked on
+// the returned gate, and waits until all of them are running.
+func blockPool(t *testing.T, p *Pool, workers int) (gate chan struct{}, running []*Future[string]) {
 	t.Helper()
 	gate = make(chan struct{})
-	started := make(chan struct{}, p.Workers())
-	for range p.Workers() {
-		running = append(running, submit(t, p, func() (any, error) {
+	started := make(chan struct{}, workers)
+	for range workers {
+		running = append(running, submit(t, p, func() (string, error) {
 			started <- struct{}{}
 			<-gate
 			return "released", nil
 		}))
 	}
-	for range p.Workers() {
+	for range workers {
 		<-started
 	}
 	return gate, running
 }
 
 func TestCancelQueued(t *testing.T) {
-	p := newPool(t, 1)
-	gate, running := blockPool(t, p)
+	p := newPool(t, 1, nil)
+	gate, running := blockPool(t, p, 1)
 	var ran atomic.Bool
-	queued := submit(t, p, func() (any, error) { ran.Store(true); return nil, nil })
-	after := submit(t, p, func() (any, error) { return "after", nil })
+	queued := submit(t, p, func() (int, error) { ran.Store(true); return 0, nil })
+	after := submit(t, p, func() (string, error) { return "after", nil })
 
-	if queued.State() != StatePending || queued.Started() {
-		t.Fatalf("queued future state %v", queued.State())
-	}
 	if running[0].Cancel() {
 		t.Fatal("Cancel of a running future succeeded")
-	}
-	if !running[0].Running() || !running[0].Started() {
-		t.Fatalf("running future state %v", running[0].State())
 	}
 	if !queued.Cancel() {
 		t.Fatal("Cancel of a queued future failed")
@@ -204,9 +218,6 @@ func TestCancelQueued(t *testing.T) {
 	if _, err := queued.Result(); !errors.Is(err, ErrCancelled) {
 		t.Fatalf("cancelled Result err = %v", err)
 	}
-	if !queued.Cancelled() || queued.State() != StateCancelled || queued.Started() {
-		t.Fatalf("cancelled future state %v", queued.State())
-	}
 
 	close(gate)
 	if v, err := waitDone(t, after); v != "after" || err != nil {
@@ -220,49 +231,29 @@ func TestCancelQueued(t *testing.T) {
 	}
 }
 
-func TestWaitContext(t *testing.T) {
-	p := newPool(t, 1)
-	gate, running := blockPool(t, p)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
-	defer cancel()
-	if _, err := running[0].Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Wait err = %v, want DeadlineExceeded", err)
-	}
-	if !running[0].Running() {
-		t.Fatal("Wait timing out changed the call's state")
-	}
-	close(gate)
-	waitDone(t, running[0])
-	// A done future answers even with an ended context.
-	if v, err := running[0].Wait(ctx); v != "released" || err != nil {
-		t.Fatalf("Wait on done future with ended ctx: %v, %v", v, err)
-	}
-}
-
-func TestShutdownCancelQueued(t *testing.T) {
-	p := newPool(t, 2)
-	gate, running := blockPool(t, p)
+func TestShutdownCancelsQueued(t *testing.T) {
+	p := newPool(t, 2, nil)
+	gate, running := blockPool(t, p, 2)
 	var ran atomic.Int32
-	var queued []*Future
+	var queued []*Future[int]
 	for range 10 {
-		queued = append(queued, submit(t, p, func() (any, error) { ran.Add(1); return nil, nil }))
+		queued = append(queued, submit(t, p, func() (int, error) { ran.Add(1); return 0, nil }))
 	}
-	if got := p.Queued(); got != 10 {
-		t.Fatalf("Queued() = %d, want 10", got)
+	for range 5 {
+		if err := p.Go(func() { ran.Add(1) }); err != nil {
+			t.Fatal(err)
+		}
 	}
-	p.Shutdown(false, true)
+	p.Shutdown()
 	for i, f := range queued {
 		select {
 		case <-f.Done():
 		default:
-			t.Fatalf("queued future %d not done after Shutdown(cancelQueued)", i)
+			t.Fatalf("queued future %d not done after Shutdown", i)
 		}
 		if _, err := f.Result(); !errors.Is(err, ErrCancelled) {
 			t.Fatalf("queued future %d err = %v", i, err)
 		}
-	}
-	if p.Queued() != 0 {
-		t.Fatalf("Queued() = %d after cancel", p.Queued())
 	}
 	// Running calls are not cancelled; they finish normally.
 	close(gate)
@@ -271,50 +262,29 @@ func TestShutdownCancelQueued(t *testing.T) {
 			t.Fatalf("running call: %v, %v", v, err)
 		}
 	}
-	p.Shutdown(true, false)
+	<-p.Terminated()
 	if ran.Load() != 0 {
 		t.Fatalf("%d cancelled calls ran", ran.Load())
 	}
 }
 
-func TestShutdownDrainsQueueWithoutCancel(t *testing.T) {
-	p := newPool(t, 1)
-	gate, _ := blockPool(t, p)
-	var ran atomic.Int32
-	var queued []*Future
-	for range 5 {
-		queued = append(queued, submit(t, p, func() (any, error) { ran.Add(1); return nil, nil }))
-	}
-	p.Shutdown(false, false)
-	close(gate)
-	p.Shutdown(true, false)
-	if ran.Load() != 5 {
-		t.Fatalf("ran %d of 5 queued calls", ran.Load())
-	}
-	for _, f := range queued {
-		if f.State() != StateDone {
-			t.Fatalf("queued call state %v after drain", f.State())
-		}
-	}
-}
-
-func TestShutdownNoWaitWithStuckCall(t *testing.T) {
-	p, err := New(2, "stuck")
+func TestShutdownNeverWaitsForStuckCall(t *testing.T) {
+	p, err := New(2, "stuck", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	gate, running := blockPool(t, p)
-	queued := submit(t, p, func() (any, error) { return nil, nil })
+	gate, running := blockPool(t, p, 2)
+	queued := submit(t, p, func() (int, error) { return 0, nil })
 
 	returned := make(chan struct{})
 	go func() {
-		p.Shutdown(false, true)
+		p.Shutdown()
 		close(returned)
 	}()
 	select {
 	case <-returned:
-	case <-time.After(2 * time.Second):
-		t.Fatal("Shutdown(wait=false) blocked on a stuck call")
+	case <-time.After(10 * time.Second):
+		t.Fatal("Shutdown blocked on a stuck call")
 	}
 	if _, err := queued.Result(); !errors.Is(err, ErrCancelled) {
 		t.Fatalf("queued err = %v", err)
@@ -324,15 +294,18 @@ func TestShutdownNoWaitWithStuckCall(t *testing.T) {
 		t.Fatal("Terminated closed while calls are still stuck")
 	default:
 	}
-	if _, err := p.Submit(func() (any, error) { return nil, nil }); !errors.Is(err, ErrShutdown) {
+	if _, err := Submit(p, func() (int, error) { return 0, nil }); !errors.Is(err, ErrShutdown) {
 		t.Fatalf("Submit after Shutdown: err = %v", err)
+	}
+	if err := p.Go(func() {}); !errors.Is(err, ErrShutdown) {
+		t.Fatalf("Go after Shutdown: err = %v", err)
 	}
 
 	// Unblock: the stuck goroutines finish their calls and exit.
 	close(gate)
 	select {
 	case <-p.Terminated():
-	case <-time.After(5 * time.Second):
+	case <-time.After(10 * time.Second):
 		t.Fatal("goroutines did not exit after their stuck calls returned")
 	}
 	for _, f := range running {
@@ -343,10 +316,10 @@ func TestShutdownNoWaitWithStuckCall(t *testing.T) {
 }
 
 func TestSubmitAfterShutdown(t *testing.T) {
-	p := newPool(t, 1)
-	p.Shutdown(true, false)
-	p.Shutdown(true, true) // idempotent
-	f, err := p.Submit(func() (any, error) { t.Error("ran after shutdown"); return nil, nil })
+	p := newPool(t, 1, nil)
+	p.Shutdown()
+	p.Shutdown() // idempotent
+	f, err := Submit(p, func() (int, error) { t.Error("ran after shutdown"); return 0, nil })
 	if f != nil || !errors.Is(err, ErrShutdown) {
 		t.Fatalf("Submit after Shutdown = %v, %v; want nil, ErrShutdown", f, err)
 	}
@@ -356,79 +329,59 @@ func TestSubmitAfterShutdown(t *testing.T) {
 }
 
 func TestSubmitNil(t *testing.T) {
-	p := newPool(t, 1)
-	if _, err := p.Submit(nil); err == nil {
+	p := newPool(t, 1, nil)
+	if _, err := Submit[int](p, nil); err == nil {
 		t.Fatal("Submit(nil) succeeded")
+	}
+	if err := p.Go(nil); err == nil {
+		t.Fatal("Go(nil) succeeded")
 	}
 }
 
 func TestConcurrencyLimitedToWorkers(t *testing.T) {
-	const workers = 3
-	p := newPool(t, workers)
-	var cur, peak atomic.Int32
-	gate := make(chan struct{})
-	started := make(chan struct{}, 20)
-	var futs []*Future
-	for range 20 {
-		futs = append(futs, submit(t, p, func() (any, error) {
-			n := cur.Add(1)
-			for {
-				old := peak.Load()
-				if n <= old || peak.CompareAndSwap(old, n) {
-					break
-				}
-			}
-			started <- struct{}{}
-			<-gate
-			cur.Add(-1)
-			return nil, nil
-		}))
+	const workers, calls = 3, 20
+	p := newPool(t, workers, nil)
+	gate, running := blockPool(t, p, workers)
+	var more []*Future[int]
+	for range calls - workers {
+		more = append(more, submit(t, p, func() (int, error) { return 1, nil }))
 	}
-	for range workers {
-		<-started
-	}
-	// Give the scheduler a chance to (wrongly) start more.
-	time.Sleep(20 * time.Millisecond)
-	if got := cur.Load(); got != workers {
-		t.Fatalf("%d calls running, want %d", got, workers)
-	}
-	pending := 0
-	for _, f := range futs {
-		if f.State() == StatePending {
-			pending++
+	// With every goroutine held, none of the rest may have started: each
+	// cancels, which only a call that never started does.
+	for i, f := range more {
+		if !f.Cancel() {
+			t.Fatalf("call %d started while %d goroutines were all busy", i, workers)
 		}
 	}
-	if pending != 20-workers {
-		t.Fatalf("%d pending, want %d", pending, 20-workers)
-	}
 	close(gate)
-	for _, f := range futs {
+	for _, f := range running {
 		waitDone(t, f)
-	}
-	if got := peak.Load(); got != workers {
-		t.Fatalf("peak concurrency %d, want %d", got, workers)
 	}
 }
 
 func TestConcurrentSubmitShutdownCancel(t *testing.T) {
-	// Races Submit, Cancel and Shutdown against each other; every future must
-	// end up done exactly once and Submit must fail only with ErrShutdown.
-	p, err := New(4, "race")
+	// Races Submit, Cancel and Shutdown against each other: every future
+	// ends up done, and Submit fails only with ErrShutdown.
+	p, err := New(4, "race", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	var futs []*Future
+	var futs []*Future[int]
+	submitted := make(chan struct{}, 4)
 	for g := range 4 {
 		wg.Go(func() {
 			for i := range 200 {
-				f, err := p.Submit(func() (any, error) { return i, nil })
+				f, err := Submit(p, func() (int, error) { return i, nil })
 				if err != nil {
 					if !errors.Is(err, ErrShutdown) {
 						t.Errorf("Submit: %v", err)
 					}
 					return
+				}
+				if i == 10 {
+					submitted <- struct{}{}
 				}
 				if (i+g)%3 == 0 {
 					f.Cancel()
@@ -439,74 +392,52 @@ func TestConcurrentSubmitShutdownCancel(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(time.Millisecond)
-	p.Shutdown(false, true)
+	<-submitted // at least one goroutine is under way
+	p.Shutdown()
 	wg.Wait()
-	p.Shutdown(true, false)
+	<-p.Terminated()
 	for _, f := range futs {
 		select {
 		case <-f.Done():
 		default:
-			t.Fatalf("future left in state %v after shutdown", f.State())
+			t.Fatal("future left unfinished after shutdown")
 		}
-		switch _, err := f.Result(); {
-		case f.State() == StateCancelled && !errors.Is(err, ErrCancelled):
-			t.Fatalf("cancelled future err %v", err)
-		case f.State() == StateDone && err != nil:
-			t.Fatalf("done future err %v", err)
-		}
-	}
-}
-
-func TestStateString(t *testing.T) {
-	for s, want := range map[State]string{
-		StatePending: "pending", StateRunning: "running", StateDone: "done",
-		StateCancelled: "cancelled", State(9): "State(9)",
-	} {
-		if got := s.String(); got != want {
-			t.Errorf("State(%d).String() = %q, want %q", s, got, want)
+		if _, err := f.Result(); err != nil && !errors.Is(err, ErrCancelled) {
+			t.Fatalf("future err %v", err)
 		}
 	}
 }
 
 func BenchmarkSubmitWait(b *testing.B) {
-	p, err := New(4, "bench")
+	p, err := New(4, "bench", nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer p.Shutdown(true, true)
-	ctx := context.Background()
-	fn := func() (any, error) { return nil, nil }
+	defer p.Shutdown()
+	fn := func() (int, error) { return 0, nil }
 	b.ReportAllocs()
 	for b.Loop() {
-		f, err := p.Submit(fn)
+		f, err := Submit(p, fn)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := f.Wait(ctx); err != nil {
-			b.Fatal(err)
-		}
+		<-f.Done()
 	}
 }
 
-func BenchmarkSubmitBatchWait(b *testing.B) {
-	p, err := New(4, "bench")
+func BenchmarkGo(b *testing.B) {
+	p, err := New(4, "bench", nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer p.Shutdown(true, true)
-	ctx := context.Background()
-	fn := func() (any, error) { return nil, nil }
-	futs := make([]*Future, 64)
+	defer p.Shutdown()
+	done := make(chan struct{}, 1)
+	fn := func() { done <- struct{}{} }
 	b.ReportAllocs()
 	for b.Loop() {
-		for i := range futs {
-			futs[i], _ = p.Submit(fn)
+		if err := p.Go(fn); err != nil {
+			b.Fatal(err)
 		}
-		for _, f := range futs {
-			if _, err := f.Wait(ctx); err != nil {
-				b.Fatal(err)
-			}
-		}
+		<-done
 	}
 }

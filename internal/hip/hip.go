@@ -27,17 +27,18 @@ package hip
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
+
+	"github.com/umbp-go/umbp-go/internal/errdefs"
 )
 
 // ErrNotSupported reports that no usable GPU runtime could be loaded: no
 // library, a missing symbol, no device, or a build without cgo. Errors from
 // [Load] and [Open] wrap it; match with errors.Is.
-var ErrNotSupported = errors.New("hip: GPU runtime not supported")
+var ErrNotSupported = errdefs.ErrNotSupported
 
 // Environment variables naming a runtime library to try before the default
 // names.

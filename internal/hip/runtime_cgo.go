@@ -457,7 +457,7 @@ func open(opts Options) (*Runtime, error) {
 	if len(why) == 0 {
 		why = append(why, "no candidate libraries")
 	}
-	return nil, fmt.Errorf("%w: %s", ErrNotSupported, strings.Join(why, "; "))
+	return nil, fmt.Errorf("hip: GPU runtime %w: %s", ErrNotSupported, strings.Join(why, "; "))
 }
 
 // openHIP uses the first HIP library that loads with every symbol, if it
@@ -755,7 +755,7 @@ func (r *Runtime) CanMemcpyBatch() bool {
 // CanMemcpyBatch it returns an error wrapping ErrNotSupported.
 func (r *Runtime) MemcpyBatchAsync(device int, dsts, srcs []uintptr, sizes []uint64, kind MemcpyKind, flags uint32, s Stream) error {
 	if !r.CanMemcpyBatch() {
-		return fmt.Errorf("%w: %s has no cudaMemcpyBatchAsync", ErrNotSupported, r)
+		return fmt.Errorf("hip: batched copies %w: %s has no cudaMemcpyBatchAsync", ErrNotSupported, r)
 	}
 	if len(srcs) != len(dsts) || len(sizes) != len(dsts) {
 		return fmt.Errorf("hip: MemcpyBatchAsync: %d destinations, %d sources, %d sizes", len(dsts), len(srcs), len(sizes))

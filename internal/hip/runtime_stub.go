@@ -11,7 +11,7 @@ const cgoEnabled = false
 type Runtime struct{}
 
 func open(Options) (*Runtime, error) {
-	return nil, fmt.Errorf("%w: built without cgo or not on Linux", ErrNotSupported)
+	return nil, fmt.Errorf("hip: GPU runtime %w: built without cgo or not on Linux", ErrNotSupported)
 }
 
 // Vendor returns which runtime was loaded.

@@ -8,12 +8,13 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/umbp-go/umbp-go/internal/errdefs"
 	"github.com/umbp-go/umbp-go/internal/hip"
 )
 
 // ErrNotSupported is wrapped (together with hip.ErrNotSupported) by
 // NewHIPBackend's error when no GPU runtime with a device can be loaded.
-var ErrNotSupported = errors.New("server: GPU backend not supported")
+var ErrNotSupported = errdefs.ErrNotSupported
 
 // HIPBackend is the GPUBackend of a real GPU: HIP, or the CUDA runtime on
 // NVIDIA hosts, through internal/hip.
@@ -74,7 +75,7 @@ type ipcMapping struct {
 func NewHIPBackend(log *slog.Logger) (GPUBackend, error) {
 	rt, err := hip.Load()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrNotSupported, err)
+		return nil, fmt.Errorf("server: GPU backend: %w", err)
 	}
 	return NewHIPBackendFor(rt, log), nil
 }

@@ -1,7 +1,8 @@
 // Package umbptest runs an in-process umbp standalone server on real Unix
-// sockets for tests, like net/http/httptest: a Go implementation of the
-// server protocol with a DRAM pool, plus fault injection (stalls, failures,
-// restarts) and call counting.
+// sockets, like net/http/httptest: a Go implementation of the server
+// protocol with a DRAM pool, plus fault injection (stalls of chosen
+// methods, failures, restarts) and call counting. Tests use NewServer;
+// programs and Examples use Start and Close.
 //
 //	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 64 << 20})
 //	cfg := umbp.Config{Endpoint: srv.Endpoint()}
@@ -47,7 +48,6 @@ type Options struct {
 
 // Server is a running test server. Its methods are safe for concurrent use.
 type Server struct {
-	tb       testing.TB
 	opts     Options
 	dir      string
 	endpoint string
@@ -55,7 +55,7 @@ type Server struct {
 	mu     sync.Mutex
 	srv    *server.Server
 	gen    *generation
-	stall  chan struct{} // non-nil while stalled; closed by Resume
+	stalls map[string]chan struct{} // by method; "" stalls every method
 	fail   map[string]int
 	calls  map[string]int
 	closed bool
@@ -67,29 +67,42 @@ type generation struct {
 	done chan struct{}
 }
 
-// NewServer starts a server on fresh sockets in a new short temporary
-// directory and registers Close with tb.Cleanup. It fails tb if the server
-// cannot start.
+// NewServer starts a server as Start does and registers Close with
+// tb.Cleanup. It fails tb if the server cannot start.
 func NewServer(tb testing.TB, opts Options) *Server {
 	tb.Helper()
+	s, err := Start(opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			tb.Error(err)
+		}
+	})
+	return s
+}
+
+// Start starts a server on fresh sockets in a new short temporary
+// directory. The caller must Close it.
+func Start(opts Options) (*Server, error) {
 	dir, err := shortTempDir()
 	if err != nil {
-		tb.Fatalf("umbptest: %v", err)
+		return nil, fmt.Errorf("umbptest: %w", err)
 	}
 	s := &Server{
-		tb:       tb,
 		opts:     opts,
 		dir:      dir,
 		endpoint: "unix://" + filepath.Join(dir, "umbp.grpc.sock"),
+		stalls:   make(map[string]chan struct{}),
 		fail:     make(map[string]int),
 		calls:    make(map[string]int),
 	}
 	if err := s.start(); err != nil {
 		_ = os.RemoveAll(dir)
-		tb.Fatalf("umbptest: %v", err)
+		return nil, fmt.Errorf("umbptest: %w", err)
 	}
-	tb.Cleanup(s.Close)
-	return s
+	return s, nil
 }
 
 // shortTempDir makes a directory whose socket paths fit sun_path: $TMPDIR
@@ -152,11 +165,14 @@ func (s *Server) start() error {
 func (s *Server) enter(ctx context.Context, gen *generation, method string) error {
 	s.mu.Lock()
 	s.calls[method]++
-	stall := s.stall
+	stalled := []chan struct{}{s.stalls[method], s.stalls[""]}
 	s.mu.Unlock()
-	if stall != nil {
+	for _, ch := range stalled {
+		if ch == nil {
+			continue
+		}
 		select {
-		case <-stall:
+		case <-ch:
 		case <-gen.done:
 			return status.Error(codes.Unavailable, "umbptest: server closed while the call was stalled")
 		case <-ctx.Done():
@@ -191,24 +207,47 @@ func (s *Server) FDSocketPath() string {
 	return p
 }
 
-// Stall makes every handler (gRPC method or fd handoff) that starts from now
-// on wait until Resume, Restart or Close; a stalled call whose client gives
+// Stall makes the handlers of the named methods (short gRPC names such as
+// "BatchPutRanges", or FDHandoff) that start from now on wait until they
+// are resumed, or until Restart or Close; with no names it stalls every
+// method and the fd handoff. Calls of other methods run as usual, so a
+// test can stall one method before a client starts and count on the
+// client's first call of it being held. A stalled call whose client gives
 // up ends with its context. Calls already running are not affected.
-func (s *Server) Stall() {
+func (s *Server) Stall(methods ...string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.stall == nil && !s.closed {
-		s.stall = make(chan struct{})
+	if s.closed {
+		return
+	}
+	if len(methods) == 0 {
+		methods = []string{""}
+	}
+	for _, m := range methods {
+		if s.stalls[m] == nil {
+			s.stalls[m] = make(chan struct{})
+		}
 	}
 }
 
-// Resume releases every stalled handler; they then run normally.
-func (s *Server) Resume() {
+// Resume releases the stalled handlers of the named methods (those stalled
+// by name; a Stall of every method stays), or with no names every stalled
+// handler; they then run normally.
+func (s *Server) Resume(methods ...string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.stall != nil {
-		close(s.stall)
-		s.stall = nil
+	if len(methods) == 0 {
+		for m, ch := range s.stalls {
+			close(ch)
+			delete(s.stalls, m)
+		}
+		return
+	}
+	for _, m := range methods {
+		if ch := s.stalls[m]; ch != nil {
+			close(ch)
+			delete(s.stalls, m)
+		}
 	}
 }
 
@@ -235,41 +274,38 @@ func (s *Server) Calls(method string) int {
 
 // Restart stops the server and starts a new one at the same path with empty
 // state: a new pool, no registrations. Stalled handlers of the old one are
-// released with an error; a Stall in effect stays in effect. It fails the
-// test if the server cannot start again, so call it from the test's
-// goroutine.
-func (s *Server) Restart() {
-	s.tb.Helper()
+// released with an error; a Stall in effect stays in effect.
+func (s *Server) Restart() error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		s.tb.Fatalf("umbptest: Restart after Close")
-		return
+		return errors.New("umbptest: Restart after Close")
 	}
 	srv, gen := s.srv, s.gen
 	s.srv, s.gen = nil, nil
 	s.mu.Unlock()
 	if srv == nil {
-		s.tb.Fatalf("umbptest: Restart while another Restart runs")
-		return
+		return errors.New("umbptest: Restart while another Restart runs")
 	}
 	close(gen.done)
-	if err := srv.Close(); err != nil {
-		s.tb.Errorf("umbptest: close before restart: %v", err)
-	}
+	errClose := srv.Close()
 	if err := s.start(); err != nil {
-		s.tb.Fatalf("umbptest: restart: %v", err)
+		return fmt.Errorf("umbptest: restart: %w", errors.Join(err, errClose))
 	}
+	if errClose != nil {
+		return fmt.Errorf("umbptest: close before restart: %w", errClose)
+	}
+	return nil
 }
 
 // Close stops the server: stalled handlers are released with an error,
 // calls in flight finish, the sockets and the temporary directory are
 // removed. It is idempotent.
-func (s *Server) Close() {
+func (s *Server) Close() error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return
+		return nil
 	}
 	s.closed = true
 	srv, gen := s.srv, s.gen
@@ -278,12 +314,14 @@ func (s *Server) Close() {
 	if gen != nil {
 		close(gen.done)
 	}
+	var err error
 	if srv != nil {
-		if err := srv.Close(); err != nil {
-			s.tb.Errorf("umbptest: close: %v", err)
+		if err = srv.Close(); err != nil {
+			err = fmt.Errorf("umbptest: close: %w", err)
 		}
 	}
 	_ = os.RemoveAll(s.dir)
+	return err
 }
 
 // Stats is a snapshot of the server's state.

@@ -271,7 +271,9 @@ func TestRestart(t *testing.T) {
 		done <- err
 	}()
 	waitCalls(t, s, "Exists", 1)
-	s.Restart()
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
 	select {
 	case err := <-done:
 		if err == nil {
