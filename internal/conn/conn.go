@@ -380,10 +380,6 @@ func (c *Conn) WaitForStateChange(ctx context.Context, s connectivity.State) boo
 	return c.cc.WaitForStateChange(ctx, s)
 }
 
-// Raw returns the bare generated client on this connection, for comparisons
-// and methods without a wrapper.
-func (c *Conn) Raw() umbppb.UMBPStandaloneClient { return c.raw }
-
 // Ping asks the server for its capabilities and records them. It fails fast
 // when the transport is down.
 func (c *Conn) Ping(ctx context.Context) (Capabilities, error) {

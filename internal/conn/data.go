@@ -37,65 +37,6 @@ type Object struct {
 	Size   uint64
 }
 
-// Put stores key from seg. It returns true when the server stored it or
-// already held it (the first writer wins). A refusal with a reason is an
-// error wrapping ErrRefused; a plain false is (false, nil).
-func (c *Conn) Put(ctx context.Context, key string, seg Segment) (bool, error) {
-	const op = "Put"
-	if err := c.checkOne(op, key, seg); err != nil {
-		return false, err
-	}
-	resp, err := c.raw.Put(ctx, &umbppb.PutRequest{
-		Key:        key,
-		ClientId:   c.clientID,
-		ShmOffset:  seg.Offset,
-		Size:       seg.Size,
-		RegionBase: seg.RegionBase,
-	})
-	if err != nil {
-		return false, c.rpcError(ctx, op, err)
-	}
-	return boolReply(op, resp)
-}
-
-// Get loads key into seg. It returns false when the key is missing or stored
-// with another size; a refusal with a reason is an error wrapping
-// ErrRefused.
-func (c *Conn) Get(ctx context.Context, key string, seg Segment) (bool, error) {
-	const op = "Get"
-	if err := c.checkOne(op, key, seg); err != nil {
-		return false, err
-	}
-	resp, err := c.raw.Get(ctx, &umbppb.GetRequest{
-		Key:        key,
-		ClientId:   c.clientID,
-		ShmOffset:  seg.Offset,
-		Size:       seg.Size,
-		RegionBase: seg.RegionBase,
-	})
-	if err != nil {
-		return false, c.rpcError(ctx, op, err)
-	}
-	return boolReply(op, resp)
-}
-
-func (c *Conn) checkOne(op, key string, seg Segment) error {
-	if err := c.usable(op); err != nil {
-		return err
-	}
-	if err := checkKey(op, 0, key); err != nil {
-		return err
-	}
-	if err := checkSegment(op, 0, seg); err != nil {
-		return err
-	}
-	// key, client_id, three varints.
-	if n := bytesField(len(key)) + bytesField(len(c.clientID)) + 3*11; n > maxRequestBytes {
-		return invalid(op, "key of %d bytes does not fit the %d-byte message limit", len(key), maxRequestBytes)
-	}
-	return nil
-}
-
 // BatchPut stores keys[i] from segs[i]. The result has one entry per key,
 // always: true where the server stored the key or already held it. Batches
 // are split to fit the message limit; a split batch is several requests, so

@@ -6,27 +6,6 @@ import (
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
-// Exists reports whether the server holds key. A missing key is
-// (false, nil); an answer with a reason is an error wrapping ErrRefused.
-// The server may still report a key it evicted until a Get of it fails.
-func (c *Conn) Exists(ctx context.Context, key string) (bool, error) {
-	const op = "Exists"
-	if err := c.usable(op); err != nil {
-		return false, err
-	}
-	if err := checkKey(op, 0, key); err != nil {
-		return false, err
-	}
-	if bytesField(len(key)) > maxRequestBytes {
-		return false, invalid(op, "key of %d bytes does not fit the %d-byte message limit", len(key), maxRequestBytes)
-	}
-	resp, err := c.raw.Exists(ctx, &umbppb.KeyRequest{Key: key})
-	if err != nil {
-		return false, c.rpcError(ctx, op, err)
-	}
-	return boolReply(op, resp)
-}
-
 // keySpans validates keys and splits them to fit the message limit.
 func keySpans(op string, keys []string) ([]span, error) {
 	for i, k := range keys {

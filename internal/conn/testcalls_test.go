@@ -1,5 +1,9 @@
 package conn
 
+// Calls that production code does not make, kept for the conformance and
+// wire tests: single-key data calls, Exists, the external-KV calls and the
+// bare generated client.
+
 import (
 	"context"
 	"unicode/utf8"
@@ -8,6 +12,90 @@ import (
 
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
+
+// Put stores key from seg. It returns true when the server stored it or
+// already held it (the first writer wins). A refusal with a reason is an
+// error wrapping ErrRefused; a plain false is (false, nil).
+func (c *Conn) Put(ctx context.Context, key string, seg Segment) (bool, error) {
+	const op = "Put"
+	if err := c.checkOne(op, key, seg); err != nil {
+		return false, err
+	}
+	resp, err := c.raw.Put(ctx, &umbppb.PutRequest{
+		Key:        key,
+		ClientId:   c.clientID,
+		ShmOffset:  seg.Offset,
+		Size:       seg.Size,
+		RegionBase: seg.RegionBase,
+	})
+	if err != nil {
+		return false, c.rpcError(ctx, op, err)
+	}
+	return boolReply(op, resp)
+}
+
+// Get loads key into seg. It returns false when the key is missing or stored
+// with another size; a refusal with a reason is an error wrapping
+// ErrRefused.
+func (c *Conn) Get(ctx context.Context, key string, seg Segment) (bool, error) {
+	const op = "Get"
+	if err := c.checkOne(op, key, seg); err != nil {
+		return false, err
+	}
+	resp, err := c.raw.Get(ctx, &umbppb.GetRequest{
+		Key:        key,
+		ClientId:   c.clientID,
+		ShmOffset:  seg.Offset,
+		Size:       seg.Size,
+		RegionBase: seg.RegionBase,
+	})
+	if err != nil {
+		return false, c.rpcError(ctx, op, err)
+	}
+	return boolReply(op, resp)
+}
+
+func (c *Conn) checkOne(op, key string, seg Segment) error {
+	if err := c.usable(op); err != nil {
+		return err
+	}
+	if err := checkKey(op, 0, key); err != nil {
+		return err
+	}
+	if err := checkSegment(op, 0, seg); err != nil {
+		return err
+	}
+	// key, client_id, three varints.
+	if n := bytesField(len(key)) + bytesField(len(c.clientID)) + 3*11; n > maxRequestBytes {
+		return invalid(op, "key of %d bytes does not fit the %d-byte message limit", len(key), maxRequestBytes)
+	}
+	return nil
+}
+
+// Exists reports whether the server holds key. A missing key is
+// (false, nil); an answer with a reason is an error wrapping ErrRefused.
+// The server may still report a key it evicted until a Get of it fails.
+func (c *Conn) Exists(ctx context.Context, key string) (bool, error) {
+	const op = "Exists"
+	if err := c.usable(op); err != nil {
+		return false, err
+	}
+	if err := checkKey(op, 0, key); err != nil {
+		return false, err
+	}
+	if bytesField(len(key)) > maxRequestBytes {
+		return false, invalid(op, "key of %d bytes does not fit the %d-byte message limit", len(key), maxRequestBytes)
+	}
+	resp, err := c.raw.Exists(ctx, &umbppb.KeyRequest{Key: key})
+	if err != nil {
+		return false, c.rpcError(ctx, op, err)
+	}
+	return boolReply(op, resp)
+}
+
+// Raw returns the bare generated client on this connection, for comparisons
+// and methods without a wrapper.
+func (c *Conn) Raw() umbppb.UMBPStandaloneClient { return c.raw }
 
 // The external-KV calls pass through to the server's backend. On a local
 // backend Report and Revoke return true and Match finds nothing. Hash lists
