@@ -492,11 +492,26 @@ func (j *TransferJob) ended() bool {
 	}
 }
 
+// waitEnded is wait's answer when ctx ended first: a job still queued fails
+// as not attempted; one running is still using its buffers.
+func (j *TransferJob) waitEnded(ctx context.Context) error {
+	if j.failQueued(fmt.Errorf("the wait for it ended while it was queued: %w", ctx.Err())) || j.ended() {
+		return j.result()
+	}
+	return fmt.Errorf("%w: %s of %s still running: %w", ErrBuffersInUse, j.kind, plural(len(j.plans), "key"), ctx.Err())
+}
+
 // wait waits for the job to end, at most until its deadline once it runs
 // (until queuedFor from now while it is queued), or until ctx ends; see
 // WorkerHandle.Wait. A job still queued when the wait gives up fails as not
 // attempted.
 func (j *TransferJob) wait(ctx context.Context, queuedFor time.Duration) error {
+	if j.ended() {
+		return j.result()
+	}
+	if ctx.Err() != nil {
+		return j.waitEnded(ctx)
+	}
 	started := j.started
 	timer := time.NewTimer(queuedFor)
 	defer timer.Stop()
@@ -511,11 +526,11 @@ func (j *TransferJob) wait(ctx context.Context, queuedFor time.Duration) error {
 			}
 			continue
 		case <-ctx.Done():
-			if j.failQueued(fmt.Errorf("the wait for it ended while it was queued: %w", ctx.Err())) || j.ended() {
-				return j.result()
-			}
-			return fmt.Errorf("%w: %s of %s still running: %w", ErrBuffersInUse, j.kind, plural(len(j.plans), "key"), ctx.Err())
+			return j.waitEnded(ctx)
 		case <-timer.C:
+		}
+		if ctx.Err() != nil { // both ended: the context's answer
+			return j.waitEnded(ctx)
 		}
 		j.expire() // the deadline has passed, whichever timer saw it first
 		ph, _ := j.state()

@@ -1,0 +1,220 @@
+package umbp_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/umbp-go/umbp-go/umbp"
+	"github.com/umbp-go/umbp-go/umbp/umbptest"
+)
+
+// checkKeyErr waits for job and checks that key i's outcome reaches the
+// caller matching want through KeyErr, Err and Wait alike.
+func checkKeyErr(t *testing.T, w *umbp.WorkerHandle, job *umbp.TransferJob, i int, want error) {
+	t.Helper()
+	err := w.Wait(context.Background(), job)
+	if !errors.Is(err, want) {
+		t.Errorf("Wait = %v, want it to match %v", err, want)
+	}
+	if !errors.Is(job.Err(), want) {
+		t.Errorf("Err = %v, want it to match %v", job.Err(), want)
+	}
+	if !errors.Is(job.KeyErr(i), want) {
+		t.Errorf("KeyErr(%d) = %v, want it to match %v", i, job.KeyErr(i), want)
+	}
+}
+
+func TestSentinelNotAttempted(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	e := newEngine(t, rt, 2, 4, 256)
+	bad := e.plans(t, "bad", 0)
+	bad[0].Ranges[0].BaseAddress = 0x1000 // outside registered memory
+	job := e.w.Store(bad)
+	checkKeyErr(t, e.w, job, 0, umbp.ErrNotAttempted)
+	checkKeyErr(t, e.w, job, 0, umbp.ErrInvalidPlan)
+	if !strings.HasPrefix(job.KeyErr(0).Error(), "transfer not attempted: ") {
+		t.Errorf("KeyErr(0) = %q, want the text to start as vLLM's runtime prints it", job.KeyErr(0))
+	}
+}
+
+func TestSentinelNotInPool(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	e := newEngine(t, rt, 2, 4, 256)
+	job := e.w.Load(e.plans(t, "never-stored", 1))
+	checkKeyErr(t, e.w, job, 0, umbp.ErrNotInPool)
+	if errors.Is(job.KeyErr(0), umbp.ErrNotAttempted) {
+		t.Errorf("a miss was attempted: %v", job.KeyErr(0))
+	}
+}
+
+func TestSentinelRefused(t *testing.T) {
+	srv := newServer(t, umbptest.Options{Capacity: 4096})
+	defer umbp.SetStoreRetryBackoff(nil)()
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	e := newEngine(t, rt, 1, 4, 8192) // a block larger than the pool
+	job := e.w.Store(e.plans(t, "big", 0))
+	checkKeyErr(t, e.w, job, 0, umbp.ErrRefused)
+	if msg := job.KeyErr(0).Error(); !strings.Contains(msg, "8192 bytes") {
+		t.Errorf("KeyErr(0) = %q, want it to give the object's size", msg)
+	}
+}
+
+func TestSentinelUnavailable(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	e := newEngine(t, rt, 2, 4, 256)
+	srv.FailNext("BatchGetRanges", 1)
+	job := e.w.Load(e.plans(t, "k", 0))
+	checkKeyErr(t, e.w, job, 0, umbp.ErrUnavailable)
+}
+
+func TestSentinelClosed(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	e := newEngine(t, rt, 2, 4, 256)
+	if err := e.w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	job := e.w.Store(e.plans(t, "k", 0))
+	checkKeyErr(t, e.w, job, 0, umbp.ErrClosed)
+	checkKeyErr(t, e.w, job, 0, umbp.ErrNotAttempted)
+	if err := e.w.RegisterBuffers(t.Context(), map[string]umbp.Buffer{"kv": e.buf.Buffer()}); !errors.Is(err, umbp.ErrClosed) {
+		t.Errorf("RegisterBuffers after Close = %v, want ErrClosed", err)
+	}
+}
+
+func TestSentinelCancelled(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	cfg := testConfig(t, srv.Endpoint())
+	cfg.NumWorkers = 1
+	rt := newRuntime(t, cfg)
+	e := newEngine(t, rt, 2, 4, 256)
+	srv.Stall("BatchPutRanges")
+	defer srv.Resume()
+	first := e.w.Store(e.plans(t, "first", 0))
+	waitCalls(t, srv, "BatchPutRanges", 1) // the one goroutine is busy
+	queued := e.w.Store(e.plans(t, "queued", 1))
+	e.w.Cancel(queued)
+	checkKeyErr(t, e.w, queued, 0, umbp.ErrCancelled)
+	if queued.Status() != umbp.JobCancelled {
+		t.Errorf("status %s, want CANCELLED", queued.Status())
+	}
+	srv.Resume()
+	waitJob(t, e.w, first)
+}
+
+func TestSentinelBuffersInUse(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	cfg := testConfig(t, srv.Endpoint())
+	cfg.Timeout = 200 * time.Millisecond
+	rt := newRuntime(t, cfg)
+	e := newEngine(t, rt, 2, 4, 256)
+	srv.Stall("BatchPutRanges")
+	defer srv.Resume()
+	job := e.w.Store(e.plans(t, "k", 0))
+	if err := e.w.Wait(context.Background(), job); !errors.Is(err, umbp.ErrBuffersInUse) {
+		t.Fatalf("Wait = %v, want ErrBuffersInUse", err)
+	}
+	if job.Err() != nil || job.KeyErr(0) != nil || job.Status() != umbp.JobRunning {
+		t.Fatalf("blocked job: %s, Err %v, KeyErr %v; want RUNNING without errors", job.Status(), job.Err(), job.KeyErr(0))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := e.w.Wait(ctx, job); !errors.Is(err, umbp.ErrBuffersInUse) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Wait with an ended context = %v, want ErrBuffersInUse and context.Canceled", err)
+	}
+	if err := e.w.Publish(job); !errors.Is(err, umbp.ErrBuffersInUse) {
+		t.Fatalf("Publish of a running store = %v, want ErrBuffersInUse", err)
+	}
+	srv.Resume()
+	<-job.Done() // past its deadline, Wait would answer at once
+	if err := e.w.Publish(job); err != nil {
+		t.Fatalf("Publish of a completed store = %v", err)
+	}
+}
+
+func TestNilJob(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	w, err := rt.NewWorkerHandle(t.Context(), "nil", umbp.RankTopology{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	job, err := w.StoreBlocks([]umbp.BlockTransferPlan{{Key: "k"}})
+	if job != nil || err == nil {
+		t.Fatalf("StoreBlocks without a layout = %v, %v", job, err)
+	}
+	// Every method answers a nil job without panicking.
+	if err := w.Wait(t.Context(), job); !errors.Is(err, umbp.ErrInvalidPlan) {
+		t.Errorf("Wait(nil) = %v", err)
+	}
+	if !w.Poll(job) {
+		t.Error("Poll(nil) = false")
+	}
+	w.Cancel(job)
+	if err := w.Publish(job); err == nil {
+		t.Error("Publish(nil) = nil")
+	}
+	if job.Status() != umbp.JobFailed || job.Err() == nil || job.KeyErr(0) == nil || job.Keys() != nil || job.Plans() != nil {
+		t.Error("a nil job's accessors do not report a failed job")
+	}
+	<-job.Done()
+}
+
+// TestAbandonedBuffersComeBack: a store blocked in a stopped server process
+// makes Close abandon the handle's buffer; once the process runs again and
+// the store ends, the handle deregisters the buffer, Stats says nothing is
+// abandoned, and the HostBuffer closes.
+func TestAbandonedBuffersComeBack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a server process")
+	}
+	ep := "unix://" + filepath.Join(shortDir(t), "s.sock")
+	p := startServerProcess(t, ep, "-prefault=false")
+	cfg := testConfig(t, ep)
+	cfg.Timeout = 300 * time.Millisecond
+	rt := newRuntime(t, cfg)
+	buf, err := umbp.NewHostBuffer(1 << 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newBareEngine(t, rt, buf)
+	p.signal(syscall.SIGSTOP)
+	stopped := true
+	defer func() {
+		if stopped {
+			p.signal(syscall.SIGCONT)
+		}
+	}()
+	job := w.Store([]umbp.BlockTransferPlan{plan("k", buf, 0)})
+	if err := w.Wait(t.Context(), job); !errors.Is(err, umbp.ErrBuffersInUse) {
+		t.Fatalf("Wait on a stopped server = %v, want ErrBuffersInUse", err)
+	}
+	if err := w.Close(); !errors.Is(err, umbp.ErrBuffersAbandoned) {
+		t.Fatalf("Close = %v, want ErrBuffersAbandoned", err)
+	}
+	if s := w.Stats(); s.AbandonedBuffers != 1 || s.AbandonedBytes != 1<<16 {
+		t.Fatalf("Stats: %d buffers, %d bytes abandoned; want 1 and %d", s.AbandonedBuffers, s.AbandonedBytes, 1<<16)
+	}
+	if err := buf.Close(); !errors.Is(err, umbp.ErrBuffersAbandoned) {
+		t.Fatalf("HostBuffer.Close while abandoned = %v, want ErrBuffersAbandoned", err)
+	}
+	p.signal(syscall.SIGCONT)
+	stopped = false
+	<-job.Done()
+	waitFor(t, "the abandoned buffer to come back", func() bool { return w.Stats().AbandonedBytes == 0 })
+	if s := w.Stats(); s.AbandonedBuffers != 0 {
+		t.Fatalf("Stats: %d buffers still abandoned", s.AbandonedBuffers)
+	}
+	if err := buf.Close(); err != nil {
+		t.Fatalf("HostBuffer.Close after the store ended = %v", err)
+	}
+}
