@@ -24,12 +24,11 @@ type Chain struct {
 	cbuf   bytes.Buffer
 	cblock cborBlock
 	// extra keys of the block being hashed
-	items  []extraItem
-	boxed  []any
-	mmBox  []cborPair
-	lora   any // LoRAName, boxed once
-	salt   any // CacheSalt, boxed once
-	digest []byte
+	items []extraItem
+	boxed []any
+	mmBox []cborPair
+	lora  any // LoRAName, boxed once
+	salt  any // CacheSalt, boxed once
 }
 
 // extraItem is one element of a block's extra_keys tuple: a string (LoRA
@@ -189,20 +188,21 @@ func (c *Chain) hashBlock(tokens []int32) {
 	c.extraKeys(start, start+c.blockSize)
 	var enc []byte
 	if c.h.alg.usesCBOR() {
-		enc = c.encodeCBOR(tokens)
+		enc = c.encodeCBOR(c.parent(), tokens)
 	} else {
-		enc = c.encodePickle(tokens)
+		enc = c.encodePickle(c.parent(), tokens)
 	}
 	// Hashing appends to c.hashes, which may move; the parent was read
 	// before.
 	c.hashes = c.h.alg.digest(c.hashes, enc)
 }
 
-func (c *Chain) encodePickle(tokens []int32) []byte {
+// encodePickle pickles the block (parent, tuple(tokens), extra keys).
+func (c *Chain) encodePickle(parent []byte, tokens []int32) []byte {
 	p := &c.pickle
 	p.begin()
 	p.startTuple(3)
-	p.saveBytes(c.parent())
+	p.saveBytes(parent)
 	p.saveTokens(tokens)
 	if len(c.items) == 0 {
 		p.saveNone()
@@ -224,9 +224,11 @@ func (c *Chain) encodePickle(tokens []int32) []byte {
 	return p.end()
 }
 
-func (c *Chain) encodeCBOR(tokens []int32) []byte {
+// encodeCBOR encodes the block (parent, tokens, extra keys) in canonical
+// CBOR.
+func (c *Chain) encodeCBOR(parent []byte, tokens []int32) []byte {
 	b := &c.cblock
-	b.Parent, b.Tokens, b.Extra = c.parent(), tokens, nil
+	b.Parent, b.Tokens, b.Extra = parent, tokens, nil
 	if len(c.items) > 0 {
 		c.boxed = c.boxed[:0]
 		c.mmBox = c.mmBox[:0]

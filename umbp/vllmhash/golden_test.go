@@ -56,15 +56,6 @@ func readJSON(t *testing.T, path string, v any) {
 	}
 }
 
-func mustHex(t *testing.T, s string) []byte {
-	t.Helper()
-	b, err := hex.DecodeString(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 // blockEncoding returns the bytes block i of tokens is hashed over.
 func blockEncoding(t *testing.T, h *Hasher, bs int, tokens []int32, extra ExtraKeys, i int) []byte {
 	t.Helper()
@@ -75,9 +66,9 @@ func blockEncoding(t *testing.T, h *Hasher, bs int, tokens []int32, extra ExtraK
 	c.Append(tokens[:i*bs])
 	c.extraKeys(i*bs, (i+1)*bs)
 	if h.alg.usesCBOR() {
-		return bytes.Clone(c.encodeCBOR(tokens[i*bs : (i+1)*bs]))
+		return bytes.Clone(c.encodeCBOR(c.parent(), tokens[i*bs:(i+1)*bs]))
 	}
-	return bytes.Clone(c.encodePickle(tokens[i*bs : (i+1)*bs]))
+	return bytes.Clone(c.encodePickle(c.parent(), tokens[i*bs:(i+1)*bs]))
 }
 
 // TestMooncakeVectors checks the vectors Mooncake's conductor ships,
