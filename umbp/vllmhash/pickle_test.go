@@ -86,7 +86,7 @@ func unpickle(b []byte) (any, error) {
 		return s, nil
 	}
 	pop := func(n int) ([]any, error) {
-		if len(stack) < n {
+		if n < 0 || len(stack) < n {
 			return nil, fmt.Errorf("stack underflow at %d", pos)
 		}
 		t := append([]any(nil), stack[len(stack)-n:]...)
@@ -312,6 +312,31 @@ func FuzzPickle(f *testing.F) {
 		}
 		if want := blockValue(parent, tokens, items); !reflect.DeepEqual(got, want) {
 			t.Fatalf("round trip changed the value")
+		}
+	})
+}
+
+// FuzzUnpickle feeds the test decoder arbitrary bytes: it must answer an
+// error or a value, never panic; an int it accepts must survive encoding
+// and decoding again.
+func FuzzUnpickle(f *testing.F) {
+	for _, c := range pickleInts {
+		b, _ := hex.DecodeString(c.want)
+		f.Add(b)
+	}
+	f.Add([]byte("\x80\x05\x95\x32\x00\x00\x00\x00\x00\x00\x00C\x20" + strings.Repeat("\x01", 32) + "\x94(K\x01K\x02K\x03K\x04t\x94N\x87\x94."))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		v, err := unpickle(b)
+		if err != nil {
+			return
+		}
+		if x, ok := v.(int64); ok {
+			var p pickler
+			p.begin()
+			p.saveInt(x)
+			if y, err := unpickle(p.end()); err != nil || y != x {
+				t.Fatalf("int %d: decoded from %x, round trip gives %v, %v", x, b, y, err)
+			}
 		}
 	})
 }
