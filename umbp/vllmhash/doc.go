@@ -23,6 +23,12 @@
 // the block differ for multimodal requests; the msgpack algorithms of later
 // releases are not supported.
 //
+// The pickle encoding writes every string as its own object. CPython
+// shares some equal strings (one-character Latin-1 strings are cached), and
+// pickles a second reference to one as a memo lookup: a request whose LoRA
+// name, cache salt or multimodal identifiers are the same one-character
+// string could hash differently under the pickle algorithms.
+//
 // A [Hasher] holds the algorithm and the root; a [Chain] hashes one
 // request's tokens incrementally, block by block, without allocating once
 // its buffers have grown.
