@@ -1,0 +1,37 @@
+package vllmhash
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+// BenchmarkChain32k hashes a 32k-token prompt, 2048 blocks of 16 tokens,
+// on a reused chain, as a scheduler does per request. scripts/
+// vllmhash-vectors.py --bench runs it beside Python doing the same.
+func BenchmarkChain32k(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 2))
+	tokens := make([]int32, 32768)
+	for i := range tokens {
+		tokens[i] = int32(r.IntN(152064))
+	}
+	for _, a := range allAlgorithms {
+		b.Run(a.String(), func(b *testing.B) {
+			h, err := NewHasher(a, "0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			c, err := h.NewChain(16, ExtraKeys{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			c.Append(tokens) // grow the buffers
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				_ = c.Reset(16, ExtraKeys{})
+				c.Append(tokens)
+			}
+			b.ReportMetric(float64(len(tokens))*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
+		})
+	}
+}
