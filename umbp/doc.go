@@ -17,4 +17,55 @@
 // wrong bytes, never as memory freed while the server still uses it. Every
 // server call runs on a detached goroutine pool, and callers wait for it at
 // most a configured bound.
+//
+// # Errors
+//
+// Every key of a [TransferJob] has its own outcome: [TransferJob.KeyErr] is
+// nil for a key that succeeded, else an error that matches one or more of
+// the package's sentinels with errors.Is and keeps the server's words and
+// the connection's classification in its chain. [WorkerHandle.Wait] answers
+// for the whole job — nil only when it COMPLETED — so an engine's decision
+// is one errors.Is:
+//
+//	sentinel             when                                         what the engine does
+//	ErrNotAttempted      the key never reached the server: bad plan,  reuse the blocks at once; recompute
+//	                     unregistered memory, a blocked or closed
+//	                     handle, a reconnect, the stream was late
+//	ErrNotInPool         a load found no such object (a miss)         recompute; the destination is untouched
+//	ErrRefused           the server would not take a store (pool      the key is not stored; the blocks are free
+//	                     full, object too large) or a registration
+//	ErrUnavailable       the transport failed or the server went      a load that failed so may have written part
+//	                     away; with ErrNotAttempted: it was never     of its destination: recompute those blocks;
+//	                     sent                                         the buffers are free once the job ended
+//	ErrCancelled         the job was withdrawn before it started      nothing was touched
+//	ErrBuffersInUse      Wait: the job is past its deadline (or ctx   do not reuse or free its memory; new
+//	                     ended) and the server may still use it       transfers are refused until it returns
+//	ErrBuffersAbandoned  Close left buffers registered behind a       keep the memory until Stats' AbandonedBytes
+//	                     transfer still in flight                     is zero (HostBuffer.Close then succeeds)
+//	ErrClosed            the handle was closed                        nothing to do
+//	ErrNotSupported      no GPU runtime, or a server without ranged   register host memory, or use another server
+//	                     I/O for GPU memory
+//	ErrUntrustedServer   the server's socket or process failed the    fix the deployment; nothing was shared
+//	                     identity check
+//	ErrInvalid…          bad configuration, key, layout, plan or      fix the caller; the error says what is wrong
+//	                     topology, refused before any I/O
+//
+// [TransferJob.Err] joins a failed job's distinct key errors, each matched
+// by errors.Is and errors.As; [TransferJob.KeyErr] gives one key's. A
+// not-attempted key's text starts with "transfer not attempted", as vLLM's
+// runtime prints it.
+//
+// # Sharp edges of the protocol
+//
+// First writer wins: a store of a key the pool already holds succeeds and
+// keeps the first value; the new bytes are not written. Keys must therefore
+// name their content — [KeyCodec] builds them from the namespace, the rank,
+// the KV cache group and the block hash, so two engines that store the same
+// key store the same bytes.
+//
+// A ranged load reads exactly the bytes its plan names: a plan smaller than
+// the stored object reads a prefix of it without error. An engine whose KV
+// layout changed (another block size, other layers) must not load keys
+// stored under the old layout: put the layout in the namespace (or let
+// [KeyCodec] keys differ), so that such loads miss instead.
 package umbp

@@ -270,10 +270,15 @@ func TestLookupServerProcessStoppedAndKilled(t *testing.T) {
 func TestSchedulerTakeoverWhileStuck(t *testing.T) {
 	ep := filepath.Join(shortDir(t), "x.grpc.sock")
 	hang := make(chan struct{})
+	stuck := make(chan struct{}, 1)
 	var wedged atomic.Bool
 	a, err := server.New(server.Options{Endpoint: ep, Logger: testLogger(t),
 		UnaryInterceptor: func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 			if wedged.Load() {
+				select {
+				case stuck <- struct{}{}:
+				default:
+				}
 				<-hang // never answers
 			}
 			return h(ctx, req)
@@ -298,7 +303,7 @@ func TestSchedulerTakeoverWhileStuck(t *testing.T) {
 		defer close(done)
 		h.Lookup(context.Background(), []string{"k"}) // stuck on a: a miss after 1 s
 	}()
-	time.Sleep(300 * time.Millisecond)
+	<-stuck // the lookup is in a's hands
 	b, err := server.New(server.Options{Endpoint: ep, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
