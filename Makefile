@@ -39,6 +39,9 @@ FUZZ_TARGETS := \
 	./umbp:FuzzParseKey \
 	./umbp:FuzzPlanValidate \
 	./umbp:FuzzHostileServer \
+	./umbp/vllmhash:FuzzPickle \
+	./umbp/vllmhash:FuzzUnpickle \
+	./umbp/vllmhash:FuzzChain \
 	./examples/standalone-server:FuzzParseSize
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \

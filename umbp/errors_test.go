@@ -3,6 +3,7 @@ package umbp_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -38,8 +39,15 @@ func TestSentinelNotAttempted(t *testing.T) {
 	job := e.w.Store(bad)
 	checkKeyErr(t, e.w, job, 0, umbp.ErrNotAttempted)
 	checkKeyErr(t, e.w, job, 0, umbp.ErrInvalidPlan)
-	if !strings.HasPrefix(job.KeyErr(0).Error(), "transfer not attempted: ") {
-		t.Errorf("KeyErr(0) = %q, want the text to start as vLLM's runtime prints it", job.KeyErr(0))
+	wantReferenceText(t, job.KeyErr(0))
+}
+
+// wantReferenceText checks the text of a not-attempted key's error: it
+// starts as vLLM's runtime prints it, for logs that engines parse.
+func wantReferenceText(t *testing.T, err error) {
+	t.Helper()
+	if msg := fmt.Sprint(err); !strings.HasPrefix(msg, "transfer not attempted: ") {
+		t.Errorf("%q does not start as vLLM's runtime prints it", msg)
 	}
 }
 

@@ -273,7 +273,7 @@ func TestGPURegistrationRefused(t *testing.T) {
 		h, _ := newGPUHarness(t, Options{DisableRangedIO: true})
 		r := h.registerGPU(t, valid())
 		wantFail(t, "ssd", r, MsgGPUNeedsSSDDisabled)
-		if !strings.HasPrefix(r.Error, "GPU IPC registration requires SSD to be disabled") {
+		if reason := r.Error; !strings.HasPrefix(reason, "GPU IPC registration requires SSD to be disabled") {
 			t.Fatalf("reason %q", r.Error)
 		}
 	})
