@@ -23,7 +23,7 @@ type Stats struct {
 	TransfersCompleted uint64 // jobs that ended COMPLETED
 	TransfersFailed    uint64 // jobs that ended FAILED or CANCELLED after submission
 	TransfersRefused   uint64 // jobs failed as not attempted before submission
-	TransfersBlocked   int    // transfers running past their deadline now
+	TransfersBlocked   int    // transfers past their deadline on the current server: new ones are refused meanwhile
 	BytesStored        uint64 // object bytes of keys stored
 	BytesLoaded        uint64 // object bytes of keys loaded
 	// AbandonedBuffers and AbandonedBytes are the buffers (and the bytes of
