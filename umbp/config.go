@@ -109,8 +109,8 @@ func (c Config) withDefaults() (Config, error) {
 }
 
 // NormalizeEndpoint returns the gRPC address "unix:///abs/path" of a
-// standalone server socket. It accepts an absolute socket path or a
-// "unix://" address. The data plane passes file descriptors and IPC handles
+// standalone server socket. It accepts an absolute socket path, a
+// "unix:///abs/path" address, or gRPC's "unix:/abs/path" form. The data plane passes file descriptors and IPC handles
 // over Unix sockets, so any other scheme is rejected, as is a path that is
 // not absolute or that (with its derived fd-handoff socket) does not fit a
 // Unix socket address.
@@ -118,11 +118,13 @@ func NormalizeEndpoint(endpoint string) (string, error) {
 	path := endpoint
 	if p, ok := strings.CutPrefix(endpoint, "unix://"); ok {
 		path = p
+	} else if p, ok := strings.CutPrefix(endpoint, "unix:"); ok {
+		path = p
 	} else if strings.Contains(endpoint, "://") {
 		return "", fmt.Errorf("standalone UMBP endpoint must be a Unix socket path or unix:// address, got %q", endpoint)
 	}
 	if !strings.HasPrefix(path, "/") {
-		return "", fmt.Errorf("standalone UMBP endpoint must be an absolute path, got %q", endpoint)
+		return "", fmt.Errorf("standalone UMBP endpoint %q must be an absolute path, such as /run/umbp/node0.grpc.sock or unix:///run/umbp/node0.grpc.sock", endpoint)
 	}
 	if _, _, err := fdpass.SocketPaths(path); err != nil {
 		return "", err

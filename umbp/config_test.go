@@ -13,7 +13,8 @@ func TestNormalizeEndpoint(t *testing.T) {
 	for in, want := range map[string]string{
 		"/run/umbp/standalone/node0.grpc.sock":        "unix:///run/umbp/standalone/node0.grpc.sock",
 		"unix:///run/umbp/standalone/node0.grpc.sock": "unix:///run/umbp/standalone/node0.grpc.sock",
-		"/tmp/x.sock": "unix:///tmp/x.sock",
+		"/tmp/x.sock":      "unix:///tmp/x.sock",
+		"unix:/tmp/x.sock": "unix:///tmp/x.sock",
 	} {
 		got, err := umbp.NormalizeEndpoint(in)
 		if err != nil || got != want {

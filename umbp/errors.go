@@ -83,17 +83,19 @@ type jobError struct {
 	failed int
 }
 
+// Error reads "umbp: store failed for 2 of 4 keys: <error>", or with
+// several distinct errors "…: 1 key: <error>; 1 key: <error>".
 func (e *jobError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "umbp: %s of %s: %d failed: ", e.kind, plural(e.keys, "key"), e.failed)
+	fmt.Fprintf(&b, "umbp: %s failed for %d of %s: ", e.kind, e.failed, plural(e.keys, "key"))
 	for i, err := range e.errs {
 		if i > 0 {
 			b.WriteString("; ")
 		}
-		b.WriteString(err.Error())
-		if e.counts[i] > 1 {
-			fmt.Fprintf(&b, " (%d keys)", e.counts[i])
+		if len(e.errs) > 1 {
+			b.WriteString(plural(e.counts[i], "key") + ": ")
 		}
+		b.WriteString(err.Error())
 	}
 	return b.String()
 }

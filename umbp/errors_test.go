@@ -226,3 +226,88 @@ func TestAbandonedBuffersComeBack(t *testing.T) {
 		t.Fatalf("HostBuffer.Close after the store ended = %v", err)
 	}
 }
+
+func TestRegistrationRefusals(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	buf, err := umbp.NewHostBuffer(1 << 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newBareEngine(t, rt, buf) // registered as "kv"
+	defer func() {
+		if err := w.Close(); err != nil {
+			t.Error(err)
+		}
+		if err := buf.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	ctx := t.Context()
+	whole := buf.Buffer()
+	if err := w.RegisterBuffers(ctx, map[string]umbp.Buffer{"kv": whole}); err != nil {
+		t.Errorf("the same name and memory again = %v, want nil", err)
+	}
+	if err := w.RegisterBuffers(ctx, map[string]umbp.Buffer{"alias": whole}); err == nil || !strings.Contains(err.Error(), `already registered as "kv"`) {
+		t.Errorf("the same memory under another name = %v, want a refusal naming kv", err)
+	}
+	half := whole
+	half.Size /= 2
+	if err := w.RegisterBuffers(ctx, map[string]umbp.Buffer{"kv": half}); err == nil || !strings.Contains(err.Error(), "already registered") {
+		t.Errorf("the name for other memory = %v, want a refusal", err)
+	}
+	other, err := umbp.NewHostBuffer(1 << 12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	big := other.Buffer()
+	big.Size = 1 << 20
+	err = w.RegisterBuffers(ctx, map[string]umbp.Buffer{"big": big})
+	if err == nil || !strings.Contains(err.Error(), "run past the end of the HostBuffer") {
+		t.Errorf("a buffer larger than its HostBuffer = %v, want it to say so", err)
+	}
+	if s := srv.Stats(); s.Regions != 1 {
+		t.Errorf("the server holds %d regions, want 1: refusals reached it", s.Regions)
+	}
+}
+
+func TestImpossibleHostBuffer(t *testing.T) {
+	b, err := umbp.NewHostBuffer(1 << 46)
+	if err == nil {
+		b.Close()
+		t.Fatal("NewHostBuffer(64 TiB) succeeded")
+	}
+	if !strings.Contains(err.Error(), "larger than this host's memory") {
+		t.Errorf("NewHostBuffer(64 TiB) = %v", err)
+	}
+}
+
+func TestJobErrorText(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	e := newEngine(t, rt, 2, 4, 256)
+	job := e.w.Load(e.plans(t, "absent", 0))
+	waitJob(t, e.w, job)
+	if msg := job.Err().Error(); !strings.HasPrefix(msg, "umbp: load failed for 1 of 1 key: umbp: not in the pool") {
+		t.Errorf("one missing key: %q", msg)
+	}
+	plans := append(e.plans(t, "absent", 0, 1), e.plans(t, "bad", 2)...)
+	plans[2].Ranges[0].BaseAddress = 0x1000
+	job = e.w.Load(plans)
+	waitJob(t, e.w, job)
+	msg := job.Err().Error()
+	for _, want := range []string{"umbp: load failed for 3 of 3 keys: ", `1 key: umbp: not in the pool: key "absent-1"`, "1 key: transfer not attempted"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("%q lacks %q", msg, want)
+		}
+	}
+	// One error for every key: said once, without a count.
+	if err := e.w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	job = e.w.Store(e.plans(t, "late", 0, 1, 2))
+	if msg := job.Err().Error(); msg != "umbp: store failed for 3 of 3 keys: transfer not attempted: umbp: handle is closed" {
+		t.Errorf("a store on a closed handle: %q", msg)
+	}
+}

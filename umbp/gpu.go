@@ -26,14 +26,19 @@ var gpuLoader = struct {
 }{load: hip.Load}
 
 // loadGPU returns the process's GPU runtime, or an error wrapping
-// ErrNotSupported that says why none loaded.
-func loadGPU() (*hip.Runtime, error) {
+// ErrNotSupported that says why none loaded, in one line; what each
+// library tried gave goes to log at debug level.
+func loadGPU(log *slog.Logger) (*hip.Runtime, error) {
 	gpuLoader.mu.Lock()
 	load := gpuLoader.load
 	gpuLoader.mu.Unlock()
 	rt, err := load()
 	if err != nil {
-		return nil, fmt.Errorf("%w: no GPU runtime: %w", ErrNotSupported, err)
+		var le *hip.LoadError
+		if errors.As(err, &le) {
+			log.Debug("umbp: no GPU runtime", "tried", le.Details())
+		}
+		return nil, fmt.Errorf("no GPU runtime: %w", err)
 	}
 	return rt, nil
 }
@@ -69,7 +74,7 @@ func (g *gpuAlloc) register(ctx context.Context, c *conn.Conn, base uintptr, siz
 // adds name to the region of that allocation when this handle registered it
 // already.
 func (w *WorkerHandle) registerGPU(ctx context.Context, c *conn.Conn, name string, b Buffer) error {
-	rt, err := loadGPU()
+	rt, err := loadGPU(w.log)
 	if err != nil {
 		if b.Location == LocationAuto {
 			return fmt.Errorf("memory at %#x (%d bytes) lies in no HostBuffer (host memory must come from NewHostBuffer), and without a GPU runtime it cannot be GPU memory: %w", b.Ptr, b.Size, err)
@@ -182,7 +187,7 @@ func (w *WorkerHandle) streamBarrier(o transferOptions) (*streamEvent, error) {
 		return nil, nil
 	}
 	d := *o.stream
-	rt, err := loadGPU()
+	rt, err := loadGPU(w.log)
 	if err != nil {
 		return nil, fmt.Errorf("AfterStream: %w", err)
 	}

@@ -193,9 +193,15 @@ func TestRegisterGPUWithoutRuntime(t *testing.T) {
 	if !errors.Is(err, umbp.ErrNotSupported) || !errors.Is(err, hip.ErrNotSupported) {
 		t.Fatalf("RegisterBuffers without a GPU runtime: %v, want ErrNotSupported", err)
 	}
-	for _, frag := range []string{`"gpu"`, `"auto"`, "NewHostBuffer", missing} {
+	for _, frag := range []string{`"gpu"`, `"auto"`, "NewHostBuffer", "no GPU runtime"} {
 		if !strings.Contains(err.Error(), frag) {
 			t.Errorf("error %q does not mention %s", err, frag)
+		}
+	}
+	// One short line per buffer: the libraries tried go to the debug log.
+	for _, line := range strings.Split(err.Error(), "\n") {
+		if len(line) > 300 || strings.Contains(line, missing) {
+			t.Errorf("error line of %d bytes lists the libraries tried: %q", len(line), line)
 		}
 	}
 	if n := srv.Calls("RegisterMemory"); n != 1 {

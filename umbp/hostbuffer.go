@@ -75,7 +75,10 @@ func NewHostBuffer(size int) (*HostBuffer, error) {
 	page := os.Getpagesize()
 	mapped := (size + page - 1) / page * page
 	if mapped < size { // overflow
-		return nil, fmt.Errorf("umbp: host buffer size %d too large", size)
+		return nil, fmt.Errorf("umbp: host buffer of %d bytes is larger than any address space", size)
+	}
+	if limit := hostMemory(); limit > 0 && uint64(mapped) > limit {
+		return nil, fmt.Errorf("umbp: host buffer of %d bytes is larger than this host's memory and swap (%d bytes)", size, limit)
 	}
 	fd, err := unix.MemfdCreate("umbp-host-buffer", unix.MFD_CLOEXEC)
 	if err != nil {
@@ -93,6 +96,16 @@ func NewHostBuffer(size int) (*HostBuffer, error) {
 	b := &HostBuffer{fd: fd, mem: mem, size: size}
 	hostBuffers.add(b)
 	return b, nil
+}
+
+// hostMemory returns the host's RAM and swap in bytes, 0 when unknown: no
+// larger host buffer could ever be backed.
+func hostMemory() uint64 {
+	var si unix.Sysinfo_t
+	if unix.Sysinfo(&si) != nil {
+		return 0
+	}
+	return (uint64(si.Totalram) + uint64(si.Totalswap)) * uint64(si.Unit)
 }
 
 // Bytes returns the buffer's memory, or nil after Close succeeded.
@@ -204,6 +217,9 @@ func (s *hostBufferSet) remove(b *HostBuffer) {
 		}
 	}
 }
+
+// at returns the buffer whose mapping holds the address ptr, or nil.
+func (s *hostBufferSet) at(ptr uintptr) *HostBuffer { return s.find(ptr, 1) }
 
 // find returns the buffer whose mapping holds [ptr, ptr+size), or nil.
 func (s *hostBufferSet) find(ptr uintptr, size uint64) *HostBuffer {

@@ -49,7 +49,8 @@ type WorkerHandle struct {
 	regSem chan struct{}
 
 	mu      sync.Mutex
-	regions []*memRegion // sorted by base
+	regions []*memRegion      // sorted by base
+	named   map[string]Buffer // each registered buffer, by name
 	closed  bool
 
 	// jobsMu guards inflight, the jobs submitted and not yet ended. It is
@@ -94,6 +95,7 @@ func (r *StandaloneRuntime) NewWorkerHandle(ctx context.Context, namespace strin
 		timeout:  r.cfg.Timeout,
 		planner:  planner,
 		inflight: map[*TransferJob]struct{}{},
+		named:    map[string]Buffer{},
 		regSem:   make(chan struct{}, 1),
 	}
 	pool, err := daemonpool.New(r.cfg.NumWorkers, "umbp-standalone-transfer", func(err error) {
@@ -213,12 +215,30 @@ func (w *WorkerHandle) registerBuffer(ctx context.Context, name string, b Buffer
 	var hb *HostBuffer
 	if loc == LocationAuto || loc == LocationHost {
 		hb = hostBuffers.find(b.Ptr, b.Size)
-		if hb != nil {
+		switch {
+		case hb != nil:
 			loc = LocationHost
-		} else if loc == LocationHost {
+		case hostBuffers.at(b.Ptr) != nil:
+			in := hostBuffers.at(b.Ptr)
+			return fmt.Errorf("%d bytes at %#x run past the end of the HostBuffer that holds them (%d bytes at %#x)", b.Size, b.Ptr, in.size, in.base())
+		case loc == LocationHost:
 			return fmt.Errorf("host memory at %#x (%d bytes) does not lie in a HostBuffer: the server can only map memfd-backed memory from NewHostBuffer", b.Ptr, b.Size)
 		}
 	}
+	fresh, err := w.claimName(name, b)
+	if err != nil || !fresh {
+		return err
+	}
+	if err := w.registerClaimed(ctx, name, b, hb); err != nil {
+		w.unclaimName(name)
+		return err
+	}
+	return nil
+}
+
+// registerClaimed registers b under name, claimed already: hb is the
+// HostBuffer holding host memory, nil for GPU memory.
+func (w *WorkerHandle) registerClaimed(ctx context.Context, name string, b Buffer, hb *HostBuffer) error {
 	if _, err := w.link.current(); err != nil { // fail fast while reconnecting
 		return err
 	}
@@ -254,6 +274,36 @@ func (w *WorkerHandle) registerBuffer(ctx context.Context, name string, b Buffer
 	}
 	w.addRegion(&memRegion{names: []string{name}, base: hb.base(), size: hb.mappedSize(), loc: LocationHost, host: hb})
 	return nil
+}
+
+// claimName records that name registers b, and reports whether that is
+// new. The same name and memory again is accepted and changes nothing; a
+// name already given to other memory, or memory already registered under
+// another name, is refused. (Buffers may overlap: a whole KV cache and a
+// layer of it, say.)
+func (w *WorkerHandle) claimName(name string, b Buffer) (fresh bool, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if prev, ok := w.named[name]; ok {
+		if prev.Ptr != b.Ptr || prev.Size != b.Size {
+			return false, fmt.Errorf("the name is already registered for %d bytes at %#x", prev.Size, prev.Ptr)
+		}
+		return false, nil
+	}
+	for other, o := range w.named {
+		if o.Ptr == b.Ptr && o.Size == b.Size {
+			return false, fmt.Errorf("the same %d bytes at %#x are already registered as %q", b.Size, b.Ptr, other)
+		}
+	}
+	w.named[name] = b
+	return true, nil
+}
+
+// unclaimName forgets a name whose registration failed.
+func (w *WorkerHandle) unclaimName(name string) {
+	w.mu.Lock()
+	delete(w.named, name)
+	w.mu.Unlock()
 }
 
 // lockReg takes the registration lock, or gives up when ctx ends.

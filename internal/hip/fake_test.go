@@ -176,7 +176,7 @@ func TestFakeNoDevices(t *testing.T) {
 		hip + ": hipGetDeviceCount: no devices",
 		cuda + ": cudaGetDeviceCount: error 100 (no device)",
 	} {
-		if !strings.Contains(err.Error(), want) {
+		if !strings.Contains(loadErrText(err), want) {
 			t.Errorf("error %q does not contain %q", err, want)
 		}
 	}
@@ -188,7 +188,7 @@ func TestFakeMissingSymbol(t *testing.T) {
 	if !errors.Is(err, ErrNotSupported) {
 		t.Fatalf("Open with a missing symbol: %v, want ErrNotSupported", err)
 	}
-	if want := partial + ": missing symbols hipIpcOpenMemHandle"; !strings.Contains(err.Error(), want) {
+	if want := partial + ": missing symbols hipIpcOpenMemHandle"; !strings.Contains(loadErrText(err), want) {
 		t.Errorf("error %q does not contain %q", err, want)
 	}
 	// The next candidate is tried.
@@ -199,7 +199,7 @@ func TestFakeMissingSymbol(t *testing.T) {
 	// A CUDA runtime without a driver library is not usable.
 	cuda := buildFake(t, "libcudart.so.13", "-DFAKE_CUDA")
 	_, err = Open(Options{CUDARuntimeLibraries: []string{cuda}, CUDADriverLibraries: []string{partial}})
-	if !errors.Is(err, ErrNotSupported) || !strings.Contains(err.Error(), "cuMemGetAddressRange_v2") {
+	if !errors.Is(err, ErrNotSupported) || !strings.Contains(loadErrText(err), "cuMemGetAddressRange_v2") {
 		t.Errorf("Open without a driver: %v, want ErrNotSupported naming cuMemGetAddressRange_v2", err)
 	}
 }
@@ -213,7 +213,7 @@ func TestFakeNotALibrary(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := Open(Options{HIPLibraries: []string{bad}})
-	if !errors.Is(err, ErrNotSupported) || !strings.Contains(err.Error(), bad) {
+	if !errors.Is(err, ErrNotSupported) || !strings.Contains(loadErrText(err), bad) {
 		t.Errorf("Open of a non-library: %v, want ErrNotSupported naming %s", err, bad)
 	}
 }

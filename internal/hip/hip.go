@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"github.com/umbp-go/umbp-go/internal/errdefs"
@@ -39,6 +40,29 @@ import (
 // library, a missing symbol, no device, or a build without cgo. Errors from
 // [Load] and [Open] wrap it; match with errors.Is.
 var ErrNotSupported = errdefs.ErrNotSupported
+
+// LoadError is the error of a load that found no usable runtime. It
+// matches ErrNotSupported; its text is one short line, and Tried says what
+// each library gave (for logs at debug level).
+type LoadError struct {
+	// Tried holds one entry per library tried: its path and why it could
+	// not be used.
+	Tried []string
+}
+
+// Error says that no runtime was usable and how many libraries were tried.
+func (e *LoadError) Error() string {
+	if len(e.Tried) == 0 {
+		return "hip: GPU runtime not supported: no candidate libraries"
+	}
+	return fmt.Sprintf("hip: GPU runtime not supported: no usable HIP or CUDA runtime among %d libraries tried", len(e.Tried))
+}
+
+// Is reports whether target is ErrNotSupported.
+func (e *LoadError) Is(target error) bool { return target == ErrNotSupported }
+
+// Details returns what each library tried gave, on one line.
+func (e *LoadError) Details() string { return strings.Join(e.Tried, "; ") }
 
 // Environment variables naming a runtime library to try before the default
 // names.

@@ -266,7 +266,7 @@ func TestOpenBogusPaths(t *testing.T) {
 	}
 	if cgoEnabled {
 		for _, p := range []string{hipPath, cudaPath} {
-			if !strings.Contains(err.Error(), p) {
+			if !strings.Contains(loadErrText(err), p) {
 				t.Errorf("error %q does not name %s", err, p)
 			}
 		}
@@ -288,7 +288,7 @@ func TestOpenBogusOverrideFromEnv(t *testing.T) {
 	if !errors.Is(err, ErrNotSupported) {
 		t.Fatalf("error %v does not match ErrNotSupported", err)
 	}
-	if cgoEnabled && !strings.Contains(err.Error(), bogus) {
+	if cgoEnabled && !strings.Contains(loadErrText(err), bogus) {
 		t.Errorf("error %q does not name the override %s", err, bogus)
 	}
 }
@@ -306,4 +306,14 @@ func TestLoadIsCached(t *testing.T) {
 	if err1 != nil && !errors.Is(err1, ErrNotSupported) {
 		t.Errorf("Load error %v does not match ErrNotSupported", err1)
 	}
+}
+
+// loadErrText is an error's text with, for a failed load, what each library
+// tried gave.
+func loadErrText(err error) string {
+	var le *LoadError
+	if errors.As(err, &le) {
+		return err.Error() + ": " + le.Details()
+	}
+	return fmt.Sprint(err)
 }

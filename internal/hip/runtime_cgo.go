@@ -454,10 +454,7 @@ func open(opts Options) (*Runtime, error) {
 	if r := openCUDA(opts.CUDARuntimeLibraries, opts.CUDADriverLibraries, &why); r != nil {
 		return r, nil
 	}
-	if len(why) == 0 {
-		why = append(why, "no candidate libraries")
-	}
-	return nil, fmt.Errorf("hip: GPU runtime %w: %s", ErrNotSupported, strings.Join(why, "; "))
+	return nil, &LoadError{Tried: why}
 }
 
 // openHIP uses the first HIP library that loads with every symbol, if it
