@@ -83,7 +83,10 @@
 
 typedef struct { char reserved[64]; } ipc_handle;
 
-enum { K_FREE, K_DEVICE, K_HOST, K_IPC };
+/* K_HELD: device memory freed while an IPC mapping of it in this process
+ * is still open; like a real driver, the fake keeps it until the last such
+ * mapping is closed, so its addresses are not reused meanwhile. */
+enum { K_FREE, K_DEVICE, K_HOST, K_IPC, K_HELD };
 
 typedef struct {
 	int kind;
@@ -212,6 +215,16 @@ EXPORT int API(Malloc)(void **p, size_t n) {
 	return 0;
 }
 
+/* ipc_alias reports whether an open IPC mapping lies in [base, base+size):
+ * without FAKE_SHARED a foreign handle opens at the exporter's address. */
+static int ipc_alias(uintptr_t base, size_t size) {
+	for (int i = 0; i < MAX_REGIONS; i++) {
+		region *r = &regions[i];
+		if (r->kind == K_IPC && r->base >= base && r->base < base + (size ? size : 1)) return 1;
+	}
+	return 0;
+}
+
 EXPORT int API(Free)(void *p) {
 	if (p == NULL) {
 		ctx_dev = cur_dev; /* cudaFree(NULL) makes the primary context current */
@@ -224,8 +237,12 @@ EXPORT int API(Free)(void *p) {
 		if (r->dev != cur_dev) {
 			rc = E_INVALID_DEVICE;
 		} else {
-			fake_release(r);
-			r->kind = K_FREE;
+			if (ipc_alias(r->base, r->size)) {
+				r->kind = K_HELD;
+			} else {
+				fake_release(r);
+				r->kind = K_FREE;
+			}
 			rc = 0;
 		}
 	}
@@ -528,6 +545,12 @@ EXPORT int API(IpcCloseMemHandle)(void *p) {
 #endif
 			r->kind = K_FREE;
 			rc = 0;
+			/* Device memory freed while this mapping was open goes now. */
+			region *held = find((uintptr_t)p, K_HELD);
+			if (held != NULL && !ipc_alias(held->base, held->size)) {
+				fake_release(held);
+				held->kind = K_FREE;
+			}
 		}
 	}
 	pthread_mutex_unlock(&mu);
