@@ -12,7 +12,7 @@ import (
 	"github.com/umbp-go/umbp-go/internal/hip"
 )
 
-// GPU memory is shared with the server by IPC handle (PROTOCOL.md,
+// GPU memory is shared with the server by IPC handle (docs/PROTOCOL.md,
 // "Registering GPU memory"). A handle names a whole allocation and opens to
 // its base, so the handle registers the whole allocation that holds a
 // buffer, once, as one region (worker_base = allocation base, ipc_offset 0):

@@ -1,7 +1,7 @@
 package conn
 
 // The conformance suite: the Conn against the Go server (internal/server)
-// through every rule of PROTOCOL.md, with real memfd regions.
+// through every rule of docs/PROTOCOL.md, with real memfd regions.
 
 import (
 	"bytes"

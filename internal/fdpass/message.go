@@ -3,7 +3,7 @@
 // exactly one SCM_RIGHTS file descriptor (a memfd) over a Unix stream socket,
 // answered by a 4-byte status.
 //
-// The layout (PROTOCOL.md, "Registering host memory"):
+// The layout (docs/PROTOCOL.md, "Registering host memory"):
 //
 //	offset  field
 //	0       u32 magic 0x554d4250 ("UMBP")

@@ -1,5 +1,5 @@
 // Package server is a Go implementation of the umbp_standalone_server
-// protocol (PROTOCOL.md): a gRPC control plane and an fd-handoff plane on
+// protocol (docs/PROTOCOL.md): a gRPC control plane and an fd-handoff plane on
 // two Unix sockets, a DRAM pool outside the Go heap with a byte capacity and
 // LRU eviction, host regions shared by memfd, and GPU regions opened from IPC
 // handles through a pluggable GPUBackend.

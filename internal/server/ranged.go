@@ -106,7 +106,7 @@ func (s *Server) resolveRanged(req *umbppb.BatchRangeDataRequest, put bool) (sta
 	return starts, locs, l, ok
 }
 
-// batchPutRanges serves BatchPutRanges (see PROTOCOL.md, "Ranged calls").
+// batchPutRanges serves BatchPutRanges (see docs/PROTOCOL.md, "Batch rules").
 func (s *Server) batchPutRanges(req *umbppb.BatchRangeDataRequest) []bool {
 	keys := req.GetKeys()
 	res := make([]bool, len(keys))
@@ -174,7 +174,7 @@ func (s *Server) batchPutRanges(req *umbppb.BatchRangeDataRequest) []bool {
 	return res
 }
 
-// batchGetRanges serves BatchGetRanges (see PROTOCOL.md, "Ranged calls").
+// batchGetRanges serves BatchGetRanges (see docs/PROTOCOL.md, "Batch rules").
 func (s *Server) batchGetRanges(req *umbppb.BatchRangeDataRequest) []bool {
 	keys := req.GetKeys()
 	res := make([]bool, len(keys))
