@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,6 +17,7 @@ func lookupFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []strin
 	kf.register(fs)
 	tokens := fs.Bool("tokens", false, "the arguments (or standard input) are a prompt's token IDs: show how much of it the pool holds, keyed as -ns, -seed, -algo, -topo and -groups say")
 	quiet := fs.Bool("q", false, "keys: print only the summary, not a line per key")
+	asJSON := fs.Bool("json", false, "print the answer as JSON")
 	return func(ctx context.Context, e env, args []string) error {
 		rt, err := c.runtime()
 		if err != nil {
@@ -30,7 +32,7 @@ func lookupFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []strin
 			if err != nil {
 				return err
 			}
-			return lookupTokens(ctx, e, c, rt, keyer, toks, kf)
+			return lookupTokens(ctx, e, c, rt, keyer, toks, kf, *asJSON)
 		}
 		keys, err := words(e.stdin, args)
 		if err != nil {
@@ -39,7 +41,7 @@ func lookupFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []strin
 		if len(keys) == 0 {
 			return fmt.Errorf("%w: name the keys to look up", errUsage)
 		}
-		return lookupKeys(ctx, e, c, rt, keys, *quiet)
+		return lookupKeys(ctx, e, c, rt, keys, *quiet, *asJSON)
 	}
 }
 
@@ -72,7 +74,35 @@ func answered(ctx context.Context, h *umbp.SchedulerHandle, before umbp.Stats, t
 	return nil
 }
 
-func lookupKeys(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntime, keys []string, quiet bool) error {
+// keysAnswer is lookup's answer for keys as -json prints it.
+type keysAnswer struct {
+	Keys    []keyAnswer `json:"keys"`
+	Held    int         `json:"held"`
+	Leading int         `json:"leading"`
+	Seconds float64     `json:"seconds"`
+}
+
+type keyAnswer struct {
+	Key  string `json:"key"`
+	Held bool   `json:"held"`
+}
+
+// tokensAnswer is lookup -tokens' answer as -json prints it.
+type tokensAnswer struct {
+	Tokens         int  `json:"tokens"`
+	Keys           int  `json:"keys"`
+	HeldKeys       int  `json:"held_keys"`
+	HeldTokens     int  `json:"held_tokens"`
+	LoadableTokens *int `json:"loadable_tokens,omitempty"`
+}
+
+func printJSON(e env, v any) error {
+	enc := json.NewEncoder(e.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func lookupKeys(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntime, keys []string, quiet, asJSON bool) error {
 	h, err := scheduler(ctx, rt)
 	if err != nil {
 		return err
@@ -85,26 +115,34 @@ func lookupKeys(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntim
 	if err := answered(ctx, h, before, c.timeout); err != nil {
 		return err
 	}
-	held := 0
+	ans := keysAnswer{Keys: make([]keyAnswer, len(keys)), Seconds: took.Seconds()}
 	for i, k := range keys {
-		state := "miss"
+		ans.Keys[i] = keyAnswer{k, hits[i]}
 		if hits[i] {
-			state = "hit"
-			held++
-		}
-		if !quiet {
-			fmt.Fprintf(e.stdout, "%-4s %s\n", state, k)
+			ans.Held++
 		}
 	}
-	lead := 0
-	for lead < len(hits) && hits[lead] {
-		lead++
+	for ans.Leading < len(hits) && hits[ans.Leading] {
+		ans.Leading++
 	}
+	if asJSON {
+		return printJSON(e, ans)
+	}
+	if !quiet {
+		for _, a := range ans.Keys {
+			state := "miss"
+			if a.Held {
+				state = "hit"
+			}
+			fmt.Fprintf(e.stdout, "%-4s %s\n", state, a.Key)
+		}
+	}
+	held, lead := ans.Held, ans.Leading
 	fmt.Fprintf(e.stdout, "%d of %d keys held, the leading %d (answered in %v)\n", held, len(keys), lead, took.Round(time.Microsecond))
 	return nil
 }
 
-func lookupTokens(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntime, keyer *umbp.TokenKeyer, tokens []int32, kf keyerFlags) error {
+func lookupTokens(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntime, keyer *umbp.TokenKeyer, tokens []int32, kf keyerFlags, asJSON bool) error {
 	keys, err := keyer.Keys(tokens, kf.extra())
 	if err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
@@ -127,10 +165,18 @@ func lookupTokens(ctx context.Context, e env, c *common, rt *umbp.StandaloneRunt
 	if err := answered(ctx, h, before, c.timeout); err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "prompt    %d tokens, %d keys (every rank of every group's full blocks)\n", len(tokens), len(keys.Keys))
-	fmt.Fprintf(e.stdout, "held      %d tokens (the leading %d keys)\n", keys.Tokens(n), n)
+	ans := tokensAnswer{Tokens: len(tokens), Keys: len(keys.Keys), HeldKeys: n, HeldTokens: keys.Tokens(n)}
 	if load != nil {
-		fmt.Fprintf(e.stdout, "loadable  %d tokens (the connector loads from the first %d tokens only)\n", load.Tokens(min(n, len(load.Keys))), len(tokens)-1)
+		l := load.Tokens(min(n, len(load.Keys)))
+		ans.LoadableTokens = &l
+	}
+	if asJSON {
+		return printJSON(e, ans)
+	}
+	fmt.Fprintf(e.stdout, "prompt    %d tokens, %d keys (every rank of every group's full blocks)\n", ans.Tokens, ans.Keys)
+	fmt.Fprintf(e.stdout, "held      %d tokens (the leading %d keys)\n", ans.HeldTokens, n)
+	if ans.LoadableTokens != nil {
+		fmt.Fprintf(e.stdout, "loadable  %d tokens (the connector loads from the first %d tokens only)\n", *ans.LoadableTokens, len(tokens)-1)
 	}
 	return nil
 }

@@ -78,7 +78,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"ping", "", "check that the server answers, and show what it offers", pingFlags},
-		{"lookup", "[KEY... | -tokens TOKEN...]", "show which keys, or how much of a prompt, the pool holds", lookupFlags},
+		{"lookup", "[KEY... | -tokens TOKEN...]  (none, or \"-\": read standard input)", "show which keys, or how much of a prompt, the pool holds", lookupFlags},
 		{"key", "make|parse|tokens ...", "make keys from block hashes or tokens, or decode keys", keyFlags},
 		{"clear", "-yes", "drop every object in the pool (every engine's KV)", clearFlags},
 		{"bench", "", "measure store and load throughput through a worker handle", benchFlags},

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -175,6 +176,15 @@ func TestLookupKeys(t *testing.T) {
 		t.Errorf("lookup -q from stdin:\n%s", stdout)
 	}
 	mustRun(t, exitUsage, "", "lookup", "-endpoint", srv.Endpoint())
+
+	stdout, _ = mustRun(t, exitOK, "", "lookup", "-endpoint", srv.Endpoint(), "-json", "a", "c")
+	var ans keysAnswer
+	if err := json.Unmarshal([]byte(stdout), &ans); err != nil {
+		t.Fatalf("%v:\n%s", err, stdout)
+	}
+	if want := []keyAnswer{{"a", true}, {"c", false}}; !slices.Equal(ans.Keys, want) || ans.Held != 1 || ans.Leading != 1 {
+		t.Errorf("lookup -json: %+v", ans)
+	}
 }
 
 func TestLookupStalled(t *testing.T) {
@@ -229,6 +239,15 @@ func TestLookupTokens(t *testing.T) {
 	store(t, srv.Endpoint(), keys.Keys[3])
 	stdout, _ = mustRun(t, exitOK, "", append(args, words...)...)
 	mustContain(t, "lookup -tokens", stdout, "held      32 tokens (the leading 4 keys)", "loadable  16 tokens")
+
+	stdout, _ = mustRun(t, exitOK, stdin, append(args, "-json")...)
+	var ans tokensAnswer
+	if err := json.Unmarshal([]byte(stdout), &ans); err != nil {
+		t.Fatalf("%v:\n%s", err, stdout)
+	}
+	if ans.Tokens != 32 || ans.Keys != 4 || ans.HeldKeys != 4 || ans.HeldTokens != 32 || ans.LoadableTokens == nil || *ans.LoadableTokens != 16 {
+		t.Errorf("lookup -tokens -json: %+v", ans)
+	}
 
 	mustRun(t, exitUsage, stdin, "lookup", "-endpoint", srv.Endpoint(), "-tokens", "-ns", "llama")               // no seed
 	mustRun(t, exitUsage, "1 x", "lookup", "-endpoint", srv.Endpoint(), "-tokens", "-ns", "llama", "-seed", "0") // bad token
