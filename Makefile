@@ -46,7 +46,8 @@ FUZZ_TARGETS := \
 	./umbp/vllmhash:FuzzPickle \
 	./umbp/vllmhash:FuzzUnpickle \
 	./umbp/vllmhash:FuzzChain \
-	./examples/standalone-server:FuzzParseSize
+	./examples/standalone-server:FuzzParseSize \
+	./cmd/umbp:FuzzFlagValues
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; fn=$${t##*:}; echo "== $$fn ($$pkg)"; \
