@@ -5,7 +5,7 @@ PROTOC   ?= protoc
 # generated headers); the Go plugins are pinned as tools in go.mod.
 PROTOC_VERSION := 3.21.12
 
-.PHONY: all build test test-short proto proto-check lint bench demo fuzz clean
+.PHONY: all build test test-short proto proto-check lint bench demo fuzz clean tool
 
 all: build lint test
 
@@ -20,6 +20,10 @@ test-short:
 
 demo:
 	$(GO) run ./examples/offload
+
+# The operator's tool (ping, lookup, key, clear, bench) as bin/umbp.
+tool:
+	$(GO) build -o bin/umbp ./cmd/umbp
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2s -count 5 ./...
@@ -42,7 +46,8 @@ FUZZ_TARGETS := \
 	./umbp/vllmhash:FuzzPickle \
 	./umbp/vllmhash:FuzzUnpickle \
 	./umbp/vllmhash:FuzzChain \
-	./examples/standalone-server:FuzzParseSize
+	./examples/standalone-server:FuzzParseSize \
+	./cmd/umbp:FuzzFlagValues
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; fn=$${t##*:}; echo "== $$fn ($$pkg)"; \

@@ -220,7 +220,10 @@ func (l *link) supervise() {
 		case <-tick.C:
 		case <-l.kickc:
 		}
-		if HandleState(l.state.Load()) == StateConnected {
+		switch HandleState(l.state.Load()) {
+		case StateClosed: // shut down, and stopCtx about to end: attach nothing
+			return
+		case StateConnected:
 			if !l.lost() || !l.state.CompareAndSwap(int32(StateConnected), int32(StateReconnecting)) {
 				continue
 			}
@@ -231,6 +234,9 @@ func (l *link) supervise() {
 			continue
 		}
 		if err := l.reattach(); err != nil {
+			if l.stopCtx.Err() != nil { // cancelled by shutdown: no failure
+				return
+			}
 			backoff = min(max(2*backoff, linkCheckInterval), reconnectBackoffMax)
 			nextTry = time.Now().Add(backoff)
 			if l.retries.allow() {

@@ -1,0 +1,48 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/umbp-go/umbp-go/internal/conn"
+)
+
+func clearFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string) error {
+	c.register(fs, 10*time.Second, "how long to wait for the server to answer, and for the clear")
+	yes := fs.Bool("yes", false, "really clear: every engine attached to the server loses its stored KV")
+	return func(ctx context.Context, e env, args []string) error {
+		if len(args) != 0 {
+			return fmt.Errorf("%w: unexpected arguments %q", errUsage, args)
+		}
+		if !*yes {
+			return fmt.Errorf("%w: clear drops the KV of every engine on the server; pass -yes to do it", errUsage)
+		}
+		rt, err := c.runtime()
+		if err != nil {
+			return err
+		}
+		cn, err := conn.Dial(ctx, conn.Options{
+			Endpoint:       rt.Endpoint(),
+			StartupTimeout: c.timeout,
+			Logger:         c.log,
+			TrustedUIDs:    c.trusted,
+		})
+		if err != nil {
+			return err
+		}
+		defer cn.Close()
+		cctx, cancel := context.WithTimeout(ctx, c.timeout)
+		defer cancel()
+		ok, err := cn.Clear(cctx)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("the server at %s answered that it did not clear", rt.Endpoint())
+		}
+		fmt.Fprintf(e.stdout, "cleared the pool at %s\n", rt.Endpoint())
+		return nil
+	}
+}

@@ -1,0 +1,325 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/umbp-go/umbp-go/umbp"
+	"github.com/umbp-go/umbp-go/umbp/vllmhash"
+)
+
+func keyFlags(fs *flag.FlagSet, _ *common) func(context.Context, env, []string) error {
+	var kf keyerFlags
+	kf.register(fs)
+	group := fs.Int("group", 0, "make: the KV cache group")
+	asJSON := fs.Bool("json", false, "parse: print each key's parts as a JSON object")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `usage:
+  umbp key make   [-ns NS] [-topo tp=R/S,...] [-group G] HASH...
+  umbp key parse  [-json] KEY...
+  umbp key tokens -ns NS -seed SEED [-algo A] [-topo tp=S,...] [-groups ID:BS,...] [TOKEN... | -]
+
+make writes the key of each block hash (hex) for one rank; parse decodes keys
+(an invalid key is reported and the status is 1); tokens writes the keys
+vLLM's UMBP connector stores a prompt's full blocks under, every rank of
+every group, in the order a prefix lookup asks for them. Hashes, keys and
+tokens come from the arguments, or from standard input when there are none
+(or the only one is "-"); tokens may be separated by spaces, commas or
+newlines, and brackets are ignored, so a JSON array of token IDs works.
+
+flags:
+`)
+		fs.PrintDefaults()
+	}
+	return func(_ context.Context, e env, args []string) error {
+		if len(args) == 0 {
+			return fmt.Errorf("%w: name a subcommand: make, parse or tokens", errUsage)
+		}
+		sub, args := args[0], args[1:]
+		// Flags may also follow the subcommand.
+		if err := fs.Parse(args); err != nil {
+			return fmt.Errorf("%w: %w", errUsage, err)
+		}
+		args = fs.Args()
+		switch sub {
+		case "make":
+			return keyMake(e, &kf, *group, args)
+		case "parse":
+			return keyParse(e, *asJSON, args)
+		case "tokens":
+			return keyTokens(e, &kf, args)
+		}
+		return fmt.Errorf("%w: unknown subcommand %q: want make, parse or tokens", errUsage, sub)
+	}
+}
+
+func keyMake(e env, kf *keyerFlags, group int, args []string) error {
+	codec, err := umbp.NewKeyCodec(kf.namespace, kf.topo.RankTopology)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	hashes, err := words(e.stdin, args)
+	if err != nil {
+		return err
+	}
+	for _, h := range hashes {
+		k, err := codec.KeyHex(group, h)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(e.stdout, k)
+	}
+	return nil
+}
+
+// parsedKey is a decoded key as parse -json prints it.
+type parsedKey struct {
+	Key       string `json:"key"`
+	Namespace string `json:"namespace"`
+	TPRank    int    `json:"tp_rank"`
+	PCPRank   int    `json:"pcp_rank"`
+	DCPRank   int    `json:"dcp_rank"`
+	PPRank    int    `json:"pp_rank"`
+	Group     int    `json:"group"`
+	Hash      string `json:"hash"`
+}
+
+func keyParse(e env, asJSON bool, args []string) error {
+	keys, err := words(e.stdin, args)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	enc := json.NewEncoder(e.stdout)
+	for _, k := range keys {
+		p, err := umbp.ParseKey(k)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if asJSON {
+			if err := enc.Encode(parsedKey{k, p.Namespace, p.TPRank, p.PCPRank, p.DCPRank, p.PPRank, p.Group, hex.EncodeToString(p.Hash)}); err != nil {
+				return err
+			}
+			continue
+		}
+		fmt.Fprintf(e.stdout, "namespace=%s tp=%d pcp=%d dcp=%d pp=%d group=%d hash=%x\n",
+			p.Namespace, p.TPRank, p.PCPRank, p.DCPRank, p.PPRank, p.Group, p.Hash)
+	}
+	return errors.Join(errs...)
+}
+
+func keyTokens(e env, kf *keyerFlags, args []string) error {
+	keyer, err := kf.keyer()
+	if err != nil {
+		return err
+	}
+	tokens, err := readTokens(e.stdin, args)
+	if err != nil {
+		return err
+	}
+	keys, err := keyer.Keys(tokens, kf.extra())
+	if err != nil {
+		return err
+	}
+	for _, k := range keys.Keys {
+		fmt.Fprintln(e.stdout, k)
+	}
+	return nil
+}
+
+// keyerFlags describe how the engines key their blocks.
+type keyerFlags struct {
+	namespace, seed, algo string
+	lora, salt            string
+	hashBlockSize         int
+	topo                  topoFlag
+	groups                groupsFlag
+}
+
+func (kf *keyerFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&kf.namespace, "ns", "", "the connector's key namespace")
+	fs.Var(&kf.topo, "topo", "the rank (make: NAME=RANK/SIZE) or the engine's sizes (tokens: NAME=SIZE), NAMEs tp, pcp, dcp, pp, comma-separated; unnamed ones are 0/1")
+	fs.StringVar(&kf.seed, "seed", "", "tokens: the engines' PYTHONHASHSEED (required: without it vLLM's keys are random per process)")
+	fs.StringVar(&kf.algo, "algo", "sha256", "tokens: the engines' --prefix-caching-hash-algo: sha256, sha256_cbor, xxhash or xxhash_cbor")
+	fs.Var(&kf.groups, "groups", "tokens: the prefix-cacheable KV cache groups as ID:BLOCK_SIZE, comma-separated (default 0:16)")
+	fs.IntVar(&kf.hashBlockSize, "hash-block-size", 0, "tokens: vLLM's hash_block_size; 0 means the gcd of the groups' block sizes")
+	fs.StringVar(&kf.lora, "lora", "", "tokens: the request's LoRA adapter name")
+	fs.StringVar(&kf.salt, "salt", "", "tokens: the request's cache_salt")
+}
+
+func (kf *keyerFlags) extra() vllmhash.ExtraKeys {
+	return vllmhash.ExtraKeys{LoRAName: kf.lora, CacheSalt: kf.salt}
+}
+
+// keyer builds the token keyer the flags describe.
+func (kf *keyerFlags) keyer() (*umbp.TokenKeyer, error) {
+	if kf.seed == "" {
+		return nil, fmt.Errorf("%w: -seed is required: the engines' PYTHONHASHSEED", errUsage)
+	}
+	alg, err := vllmhash.ParseAlgorithm(kf.algo)
+	if err != nil {
+		return nil, fmt.Errorf("%w: -algo: %w", errUsage, err)
+	}
+	hasher, err := vllmhash.NewHasher(alg, kf.seed)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	groups := []umbp.KVCacheGroup(kf.groups)
+	if len(groups) == 0 {
+		groups = []umbp.KVCacheGroup{{ID: 0, BlockSize: 16}}
+	}
+	k, err := umbp.NewTokenKeyer(umbp.TokenKeyConfig{
+		Namespace:     kf.namespace,
+		Topology:      kf.topo.RankTopology,
+		Groups:        groups,
+		HashBlockSize: kf.hashBlockSize,
+		Hasher:        hasher,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return k, nil
+}
+
+// topoFlag is a RankTopology written as "tp=1/2,pp=0/2"; a value without a
+// slash is a size, rank 0.
+type topoFlag struct{ umbp.RankTopology }
+
+func (t *topoFlag) String() string {
+	if t == nil {
+		return ""
+	}
+	n := t.Normalized()
+	return fmt.Sprintf("tp=%d/%d,pcp=%d/%d,dcp=%d/%d,pp=%d/%d", n.TPRank, n.TPSize, n.PCPRank, n.PCPSize, n.DCPRank, n.DCPSize, n.PPRank, n.PPSize)
+}
+
+func (t *topoFlag) Set(v string) error {
+	var topo umbp.RankTopology
+	for f := range strings.SplitSeq(v, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		name, val, ok := strings.Cut(f, "=")
+		if !ok {
+			return fmt.Errorf("%q: want NAME=RANK/SIZE or NAME=SIZE", f)
+		}
+		rank, size := 0, 0
+		var err error
+		if r, s, ok := strings.Cut(val, "/"); ok {
+			if rank, err = strconv.Atoi(r); err == nil {
+				size, err = strconv.Atoi(s)
+			}
+		} else {
+			size, err = strconv.Atoi(val)
+		}
+		if err != nil {
+			return fmt.Errorf("%q: %w", f, err)
+		}
+		switch strings.ToLower(name) {
+		case "tp":
+			topo.TPRank, topo.TPSize = rank, size
+		case "pcp":
+			topo.PCPRank, topo.PCPSize = rank, size
+		case "dcp":
+			topo.DCPRank, topo.DCPSize = rank, size
+		case "pp":
+			topo.PPRank, topo.PPSize = rank, size
+		default:
+			return fmt.Errorf("%q: unknown dimension %q: want tp, pcp, dcp or pp", f, name)
+		}
+	}
+	if err := topo.Validate(); err != nil {
+		return err
+	}
+	t.RankTopology = topo
+	return nil
+}
+
+// groupsFlag is a list of KV cache groups written as "0:16,1:32".
+type groupsFlag []umbp.KVCacheGroup
+
+func (g *groupsFlag) String() string {
+	if g == nil {
+		return ""
+	}
+	s := make([]string, len(*g))
+	for i, x := range *g {
+		s[i] = fmt.Sprintf("%d:%d", x.ID, x.BlockSize)
+	}
+	return strings.Join(s, ",")
+}
+
+func (g *groupsFlag) Set(v string) error {
+	var out groupsFlag
+	for f := range strings.SplitSeq(v, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		id, bs, ok := strings.Cut(f, ":")
+		if !ok {
+			return fmt.Errorf("%q: want ID:BLOCK_SIZE", f)
+		}
+		i, err := strconv.Atoi(id)
+		if err != nil {
+			return fmt.Errorf("%q: %w", f, err)
+		}
+		b, err := strconv.Atoi(bs)
+		if err != nil {
+			return fmt.Errorf("%q: %w", f, err)
+		}
+		out = append(out, umbp.KVCacheGroup{ID: i, BlockSize: b})
+	}
+	*g = out
+	return nil
+}
+
+// words returns the arguments, or the whitespace-separated words of r when
+// there are none or the only one is "-".
+func words(r io.Reader, args []string) ([]string, error) {
+	if len(args) > 0 && !(len(args) == 1 && args[0] == "-") {
+		return args, nil
+	}
+	var out []string
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	sc.Split(bufio.ScanWords)
+	for sc.Scan() {
+		out = append(out, sc.Text())
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("reading standard input: %w", err)
+	}
+	return out, nil
+}
+
+// readTokens reads token IDs from the arguments or standard input (see
+// words), separated by spaces, commas or newlines; brackets are ignored.
+func readTokens(r io.Reader, args []string) ([]int32, error) {
+	ws, err := words(r, args)
+	if err != nil {
+		return nil, err
+	}
+	var out []int32
+	for _, w := range ws {
+		w = strings.NewReplacer("[", " ", "]", " ", ",", " ").Replace(w)
+		for f := range strings.FieldsSeq(w) {
+			t, err := strconv.ParseInt(f, 10, 32)
+			if err != nil {
+				return nil, fmt.Errorf("%w: token %q: %w", errUsage, f, err)
+			}
+			out = append(out, int32(t))
+		}
+	}
+	return out, nil
+}

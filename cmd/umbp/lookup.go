@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/umbp-go/umbp-go/umbp"
+)
+
+func lookupFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string) error {
+	c.register(fs, 5*time.Second, "how long to wait for the server to answer at start, and for each lookup")
+	var kf keyerFlags
+	kf.register(fs)
+	tokens := fs.Bool("tokens", false, "the arguments (or standard input) are a prompt's token IDs: show how much of it the pool holds, keyed as -ns, -seed, -algo, -topo and -groups say")
+	quiet := fs.Bool("q", false, "keys: print only the summary, not a line per key")
+	asJSON := fs.Bool("json", false, "print the answer as JSON")
+	return func(ctx context.Context, e env, args []string) error {
+		rt, err := c.runtime()
+		if err != nil {
+			return err
+		}
+		if *tokens {
+			keyer, err := kf.keyer()
+			if err != nil {
+				return err
+			}
+			toks, err := readTokens(e.stdin, args)
+			if err != nil {
+				return err
+			}
+			return lookupTokens(ctx, e, c, rt, keyer, toks, kf, *asJSON)
+		}
+		keys, err := words(e.stdin, args)
+		if err != nil {
+			return err
+		}
+		if len(keys) == 0 {
+			return fmt.Errorf("%w: name the keys to look up", errUsage)
+		}
+		return lookupKeys(ctx, e, c, rt, keys, *quiet, *asJSON)
+	}
+}
+
+// scheduler attaches a scheduler handle, as an engine's scheduler would.
+func scheduler(ctx context.Context, rt *umbp.StandaloneRuntime) (*umbp.SchedulerHandle, error) {
+	return rt.NewSchedulerHandle(ctx, "umbp-lookup", umbp.RankTopology{}, nil)
+}
+
+// closeScheduler closes h; a handle left open (a lookup the server never
+// answered) is worth a line, not a failure.
+func closeScheduler(e env, h *umbp.SchedulerHandle) {
+	if err := h.Close(); err != nil {
+		fmt.Fprintln(e.stderr, "umbp lookup:", err)
+	}
+}
+
+// answered reports whether the handle's lookups since before got answers:
+// a lookup that failed or timed out answers every key as a miss, which is
+// not the pool's answer.
+func answered(ctx context.Context, h *umbp.SchedulerHandle, before umbp.Stats, timeout time.Duration) error {
+	after := h.Stats()
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("lookup interrupted: %w", ctx.Err())
+	case after.Timeouts > before.Timeouts:
+		return fmt.Errorf("the server did not answer within %v: the answers above are not the pool's", timeout)
+	case after.Failures > before.Failures:
+		return errors.New("the lookup failed (the reason is logged above): the answers above are not the pool's")
+	}
+	return nil
+}
+
+// keysAnswer is lookup's answer for keys as -json prints it.
+type keysAnswer struct {
+	Keys    []keyAnswer `json:"keys"`
+	Held    int         `json:"held"`
+	Leading int         `json:"leading"`
+	Seconds float64     `json:"seconds"`
+}
+
+type keyAnswer struct {
+	Key  string `json:"key"`
+	Held bool   `json:"held"`
+}
+
+// tokensAnswer is lookup -tokens' answer as -json prints it.
+type tokensAnswer struct {
+	Tokens         int  `json:"tokens"`
+	Keys           int  `json:"keys"`
+	HeldKeys       int  `json:"held_keys"`
+	HeldTokens     int  `json:"held_tokens"`
+	LoadableTokens *int `json:"loadable_tokens,omitempty"`
+}
+
+func printJSON(e env, v any) error {
+	enc := json.NewEncoder(e.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func lookupKeys(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntime, keys []string, quiet, asJSON bool) error {
+	h, err := scheduler(ctx, rt)
+	if err != nil {
+		return err
+	}
+	defer closeScheduler(e, h)
+	before := h.Stats()
+	start := time.Now()
+	hits := h.Lookup(ctx, keys)
+	took := time.Since(start)
+	if err := answered(ctx, h, before, c.timeout); err != nil {
+		return err
+	}
+	ans := keysAnswer{Keys: make([]keyAnswer, len(keys)), Seconds: took.Seconds()}
+	for i, k := range keys {
+		ans.Keys[i] = keyAnswer{k, hits[i]}
+		if hits[i] {
+			ans.Held++
+		}
+	}
+	for ans.Leading < len(hits) && hits[ans.Leading] {
+		ans.Leading++
+	}
+	if asJSON {
+		return printJSON(e, ans)
+	}
+	if !quiet {
+		for _, a := range ans.Keys {
+			state := "miss"
+			if a.Held {
+				state = "hit"
+			}
+			fmt.Fprintf(e.stdout, "%-4s %s\n", state, a.Key)
+		}
+	}
+	held, lead := ans.Held, ans.Leading
+	fmt.Fprintf(e.stdout, "%d of %d keys held, the leading %d (answered in %v)\n", held, len(keys), lead, took.Round(time.Microsecond))
+	return nil
+}
+
+func lookupTokens(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntime, keyer *umbp.TokenKeyer, tokens []int32, kf keyerFlags, asJSON bool) error {
+	keys, err := keyer.Keys(tokens, kf.extra())
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	// The connector decides on the first n-1 tokens: the engine computes
+	// at least the last one. Their keys are a prefix of all the keys.
+	var load *umbp.TokenKeys
+	if len(tokens) > 0 {
+		if load, err = keyer.Keys(tokens[:len(tokens)-1], kf.extra()); err != nil {
+			return fmt.Errorf("%w: %w", errUsage, err)
+		}
+	}
+	h, err := scheduler(ctx, rt)
+	if err != nil {
+		return err
+	}
+	defer closeScheduler(e, h)
+	before := h.Stats()
+	n := h.LookupPrefix(ctx, keys.Keys)
+	if err := answered(ctx, h, before, c.timeout); err != nil {
+		return err
+	}
+	ans := tokensAnswer{Tokens: len(tokens), Keys: len(keys.Keys), HeldKeys: n, HeldTokens: keys.Tokens(n)}
+	if load != nil {
+		l := load.Tokens(min(n, len(load.Keys)))
+		ans.LoadableTokens = &l
+	}
+	if asJSON {
+		return printJSON(e, ans)
+	}
+	fmt.Fprintf(e.stdout, "prompt    %d tokens, %d keys (every rank of every group's full blocks)\n", ans.Tokens, ans.Keys)
+	fmt.Fprintf(e.stdout, "held      %d tokens (the leading %d keys)\n", ans.HeldTokens, n)
+	if ans.LoadableTokens != nil {
+		fmt.Fprintf(e.stdout, "loadable  %d tokens (the connector loads from the first %d tokens only)\n", *ans.LoadableTokens, len(tokens)-1)
+	}
+	return nil
+}

@@ -1,0 +1,246 @@
+// Command umbp is the operator's tool for a node's umbp_standalone_server:
+// it checks that the server answers, asks which KV blocks the pool holds,
+// makes and decodes object keys, clears the pool and measures transfers.
+//
+//	umbp ping   [-fd] [-count N]                 is the server there, and what does it offer?
+//	umbp lookup KEY...                           which keys does the pool hold?
+//	umbp lookup -tokens -ns NS -seed S TOKEN...  how much of a prompt does it hold?
+//	umbp key make -ns NS [-topo tp=1/2] HASH...  the keys of block hashes
+//	umbp key parse KEY...                        the parts of keys
+//	umbp key tokens -ns NS -seed S TOKEN...      the keys vLLM's connector stores for a prompt
+//	umbp clear -yes                              drop every object of every engine
+//	umbp bench [-objects N] [-object-size 4MiB]  store and load throughput, byte-checked
+//
+// Commands that talk to a server take -endpoint (default $UMBP_ENDPOINT,
+// else MORI's unix:///run/umbp/standalone/<$UMBP_NODE_ID or node0>.grpc.sock)
+// and -timeout; the server must pass the same identity check an engine's
+// handles make (-trust-uid widens it). The exit status is 0 on success, 1
+// when the server could not be asked, did not answer or refused, 2 for a
+// usage error. `umbp help COMMAND` lists a command's flags.
+//
+// lookup asks through a scheduler handle and bench moves blocks through a
+// worker handle, exactly as an engine would; ping and clear use the
+// connection underneath, to report the server's own words. bench stores new
+// keys in a namespace of its own each run; they stay in the pool until
+// evicted.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/umbp-go/umbp-go/umbp"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// Exit statuses.
+const (
+	exitOK    = 0
+	exitFail  = 1
+	exitUsage = 2
+)
+
+// errUsage marks an error in how the command was called.
+var errUsage = errors.New("usage")
+
+// env is what a command runs with: its streams and the context that a
+// signal cancels.
+type env struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+}
+
+type command struct {
+	name    string
+	args    string // synopsis of the arguments after the flags
+	summary string
+	// flags adds the command's own flags and returns the function that runs
+	// it with the remaining arguments.
+	flags func(fs *flag.FlagSet, c *common) func(ctx context.Context, e env, args []string) error
+}
+
+func commands() []command {
+	return []command{
+		{"ping", "", "check that the server answers, and show what it offers", pingFlags},
+		{"lookup", "[KEY... | -tokens TOKEN...]  (none, or \"-\": read standard input)", "show which keys, or how much of a prompt, the pool holds", lookupFlags},
+		{"key", "make|parse|tokens ...", "make keys from block hashes or tokens, or decode keys", keyFlags},
+		{"clear", "-yes", "drop every object in the pool (every engine's KV)", clearFlags},
+		{"bench", "", "measure store and load throughput through a worker handle", benchFlags},
+	}
+}
+
+// run is main without the exit: it returns the exit status.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	e := env{stdin: stdin, stdout: stdout, stderr: stderr}
+	if len(args) == 0 {
+		usage(stderr)
+		return exitUsage
+	}
+	name, rest := args[0], args[1:]
+	help := false
+	switch name {
+	case "help", "-h", "-help", "--help":
+		if len(rest) == 0 {
+			usage(stdout)
+			return exitOK
+		}
+		name, rest, help = rest[0], []string{"-h"}, true
+	}
+	for _, cmd := range commands() {
+		if cmd.name != name {
+			continue
+		}
+		fs := flag.NewFlagSet("umbp "+cmd.name, flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		if help {
+			fs.SetOutput(stdout)
+		}
+		fs.Usage = func() {
+			fmt.Fprintf(fs.Output(), "usage: umbp %s [flags] %s\n\n%s.\n\nflags:\n", cmd.name, cmd.args, cmd.summary)
+			fs.PrintDefaults()
+		}
+		c := &common{}
+		runCmd := cmd.flags(fs, c) // may replace fs.Usage
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return exitOK
+			}
+			return exitUsage
+		}
+		c.log = c.logger(stderr)
+		err := runCmd(ctx, e, fs.Args())
+		switch {
+		case err == nil:
+			return exitOK
+		case errors.Is(err, errUsage):
+			fmt.Fprintf(stderr, "umbp %s: %s\n", cmd.name, strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
+			fmt.Fprintf(stderr, "run 'umbp help %s' for its flags\n", cmd.name)
+			return exitUsage
+		default:
+			fmt.Fprintf(stderr, "umbp %s: %v\n", cmd.name, err)
+			return exitFail
+		}
+	}
+	fmt.Fprintf(stderr, "umbp: unknown command %q\n", name)
+	usage(stderr)
+	return exitUsage
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: umbp COMMAND [flags] [args]")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "commands:")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-7s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Commands that talk to a server take -endpoint (default $UMBP_ENDPOINT, else")
+	fmt.Fprintln(w, "unix:///run/umbp/standalone/<$UMBP_NODE_ID or node0>.grpc.sock) and -timeout.")
+	fmt.Fprintln(w, "Run 'umbp help COMMAND' for a command's flags.")
+}
+
+// common holds the flags every command that talks to a server shares.
+type common struct {
+	endpoint string
+	timeout  time.Duration
+	trusted  uidList
+	verbose  bool
+	log      *slog.Logger
+}
+
+// register adds the shared flags, with the command's default timeout.
+func (c *common) register(fs *flag.FlagSet, timeout time.Duration, timeoutDoc string) {
+	fs.StringVar(&c.endpoint, "endpoint", defaultEndpoint(), "server socket: an absolute path or unix:///abs/path")
+	fs.DurationVar(&c.timeout, "timeout", timeout, timeoutDoc)
+	fs.Var(&c.trusted, "trust-uid", "uids besides yours and root's trusted to run the server, comma-separated")
+	fs.BoolVar(&c.verbose, "v", false, "log the client library's debug messages on stderr")
+}
+
+func (c *common) logger(w io.Writer) *slog.Logger {
+	level := slog.LevelWarn
+	if c.verbose {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+}
+
+// config is the client configuration the flags describe.
+func (c *common) config() umbp.Config {
+	return umbp.Config{
+		Endpoint:       c.endpoint,
+		StartupTimeout: c.timeout,
+		LookupTimeout:  c.timeout,
+		Timeout:        c.timeout,
+		Logger:         c.log,
+		TrustedUIDs:    c.trusted,
+	}
+}
+
+// runtime validates the flags into a runtime.
+func (c *common) runtime() (*umbp.StandaloneRuntime, error) {
+	if c.timeout <= 0 {
+		return nil, fmt.Errorf("%w: -timeout must be positive", errUsage)
+	}
+	rt, err := umbp.NewStandaloneRuntime(c.config())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return rt, nil
+}
+
+// defaultEndpoint is $UMBP_ENDPOINT, else MORI's default node address.
+func defaultEndpoint() string {
+	if ep := os.Getenv("UMBP_ENDPOINT"); ep != "" {
+		return ep
+	}
+	node := os.Getenv("UMBP_NODE_ID")
+	if node == "" {
+		node = "node0"
+	}
+	return "unix:///run/umbp/standalone/" + node + ".grpc.sock"
+}
+
+// uidList is a flag of comma-separated uids.
+type uidList []int
+
+func (l *uidList) String() string {
+	if l == nil {
+		return ""
+	}
+	s := make([]string, len(*l))
+	for i, u := range *l {
+		s[i] = strconv.Itoa(u)
+	}
+	return strings.Join(s, ",")
+}
+
+func (l *uidList) Set(v string) error {
+	for f := range strings.SplitSeq(v, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		u, err := strconv.ParseUint(f, 10, 32)
+		if err != nil {
+			return fmt.Errorf("uid %q: %w", f, err)
+		}
+		*l = append(*l, int(u))
+	}
+	return nil
+}

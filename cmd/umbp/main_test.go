@@ -1,0 +1,402 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/umbp-go/umbp-go/umbp"
+	"github.com/umbp-go/umbp-go/umbp/umbptest"
+	"github.com/umbp-go/umbp-go/umbp/vllmhash"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// umbpRun runs the command line args with stdin and returns its exit status
+// and output.
+func umbpRun(t *testing.T, stdin string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = run(t.Context(), args, strings.NewReader(stdin), &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// mustRun runs args and fails the test unless the exit status is want.
+func mustRun(t *testing.T, want int, stdin string, args ...string) (stdout, stderr string) {
+	t.Helper()
+	code, stdout, stderr := umbpRun(t, stdin, args...)
+	if code != want {
+		t.Fatalf("umbp %s: exit %d, want %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, want, stdout, stderr)
+	}
+	return stdout, stderr
+}
+
+func mustContain(t *testing.T, what, s string, subs ...string) {
+	t.Helper()
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			t.Errorf("%s does not contain %q:\n%s", what, sub, s)
+		}
+	}
+}
+
+// store stores a 4 KiB object under each key through a worker handle.
+func store(t *testing.T, endpoint string, keys ...string) {
+	t.Helper()
+	ctx := t.Context()
+	rt, err := umbp.NewStandaloneRuntime(umbp.Config{Endpoint: endpoint})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf, err := umbp.NewHostBuffer(4096 * len(keys))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := rt.NewWorkerHandle(ctx, "test", umbp.RankTopology{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := buf.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	if err := w.RegisterBuffers(ctx, map[string]umbp.Buffer{"kv": buf.Buffer()}); err != nil {
+		t.Fatal(err)
+	}
+	plans := make([]umbp.BlockTransferPlan, len(keys))
+	for i, k := range keys {
+		plans[i] = umbp.BlockTransferPlan{Key: k, BlockID: i, Ranges: []umbp.KVRange{{BaseAddress: buf.Buffer().Ptr + uintptr(4096*i), Length: 4096}}}
+	}
+	if err := w.Wait(ctx, w.Store(plans)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestUsage(t *testing.T) {
+	_, stderr := mustRun(t, exitUsage, "")
+	mustContain(t, "usage", stderr, "commands:", "ping", "lookup", "key", "clear", "bench")
+	stdout, _ := mustRun(t, exitOK, "", "help")
+	mustContain(t, "help", stdout, "commands:")
+	stdout, _ = mustRun(t, exitOK, "", "help", "ping")
+	mustContain(t, "help ping", stdout, "usage: umbp ping", "-count", "-endpoint", "-timeout")
+	stdout, _ = mustRun(t, exitOK, "", "help", "key")
+	mustContain(t, "help key", stdout, "umbp key tokens", "-seed")
+	_, stderr = mustRun(t, exitUsage, "", "frob")
+	mustContain(t, "unknown command", stderr, `unknown command "frob"`)
+	mustRun(t, exitUsage, "", "ping", "-nosuchflag")
+	mustRun(t, exitUsage, "", "ping", "extra")
+	mustRun(t, exitUsage, "", "ping", "-endpoint", "relative.sock")
+	mustRun(t, exitUsage, "", "ping", "-timeout", "0s", "-endpoint", "/tmp/x.sock")
+	mustRun(t, exitUsage, "", "ping", "-trust-uid", "root", "-endpoint", "/tmp/x.sock")
+}
+
+func TestDefaultEndpoint(t *testing.T) {
+	t.Setenv("UMBP_ENDPOINT", "")
+	t.Setenv("UMBP_NODE_ID", "")
+	if got, want := defaultEndpoint(), "unix:///run/umbp/standalone/node0.grpc.sock"; got != want {
+		t.Errorf("defaultEndpoint() = %q, want %q", got, want)
+	}
+	t.Setenv("UMBP_NODE_ID", "node3")
+	if got, want := defaultEndpoint(), "unix:///run/umbp/standalone/node3.grpc.sock"; got != want {
+		t.Errorf("defaultEndpoint() = %q, want %q", got, want)
+	}
+	t.Setenv("UMBP_ENDPOINT", "/tmp/a.grpc.sock")
+	if got, want := defaultEndpoint(), "/tmp/a.grpc.sock"; got != want {
+		t.Errorf("defaultEndpoint() = %q, want %q", got, want)
+	}
+}
+
+func TestPing(t *testing.T) {
+	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
+	stdout, _ := mustRun(t, exitOK, "", "ping", "-endpoint", srv.Endpoint(), "-count", "2", "-fd")
+	mustContain(t, "ping", stdout, srv.Endpoint(), srv.FDSocketPath(), "ready      true",
+		"STANDALONE_BACKEND_LOCAL", "ranged I/O yes", "over 2 pings", "fd handoff ok")
+	if srv.Calls(umbptest.FDHandoff) != 1 {
+		t.Errorf("%d fd handoffs, want 1", srv.Calls(umbptest.FDHandoff))
+	}
+	if s := srv.Stats(); s.Regions != 0 {
+		t.Errorf("%d regions still registered after ping -fd", s.Regions)
+	}
+
+	stdout, _ = mustRun(t, exitOK, "", "ping", "-endpoint", srv.Endpoint(), "-count", "1", "-json")
+	var res pingResult
+	if err := json.Unmarshal([]byte(stdout), &res); err != nil {
+		t.Fatalf("%v:\n%s", err, stdout)
+	}
+	if !res.Ready || !res.RangedIO || len(res.RTTs) != 1 || res.FDHandoff != nil || res.Endpoint != srv.Endpoint() {
+		t.Errorf("ping -json: %+v", res)
+	}
+}
+
+func TestPingV1(t *testing.T) {
+	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20, Version: 1})
+	stdout, _ := mustRun(t, exitOK, "", "ping", "-endpoint", srv.Endpoint(), "-count", "0")
+	mustContain(t, "ping v1", stdout, "ranged I/O no")
+}
+
+func TestPingFDHandoffRefused(t *testing.T) {
+	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
+	srv.FailNext(umbptest.FDHandoff, 1)
+	stdout, stderr := mustRun(t, exitFail, "", "ping", "-endpoint", srv.Endpoint(), "-fd")
+	mustContain(t, "ping", stdout, "fd handoff FAILED")
+	mustContain(t, "ping", stderr, "umbp ping: fd handoff:")
+}
+
+func TestPingNoServer(t *testing.T) {
+	ep := filepath.Join(t.TempDir(), "none.grpc.sock")
+	_, stderr := mustRun(t, exitFail, "", "ping", "-endpoint", ep, "-timeout", "200ms")
+	mustContain(t, "ping", stderr, "unavailable")
+}
+
+func TestPingStalled(t *testing.T) {
+	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
+	srv.Stall("Ping")
+	_, stderr := mustRun(t, exitFail, "", "ping", "-endpoint", srv.Endpoint(), "-timeout", "200ms")
+	mustContain(t, "ping", stderr, "not ready within 200ms")
+}
+
+func TestLookupKeys(t *testing.T) {
+	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
+	store(t, srv.Endpoint(), "a", "b", "d")
+	stdout, _ := mustRun(t, exitOK, "", "lookup", "-endpoint", srv.Endpoint(), "a", "b", "c", "d")
+	mustContain(t, "lookup", stdout, "hit  a\n", "hit  b\n", "miss c\n", "hit  d\n", "3 of 4 keys held, the leading 2 ")
+
+	stdout, _ = mustRun(t, exitOK, "c\nd\n", "lookup", "-endpoint", srv.Endpoint(), "-q")
+	if strings.Contains(stdout, "hit") || !strings.HasPrefix(stdout, "1 of 2 keys held, the leading 0 ") {
+		t.Errorf("lookup -q from stdin:\n%s", stdout)
+	}
+	mustRun(t, exitUsage, "", "lookup", "-endpoint", srv.Endpoint())
+
+	stdout, _ = mustRun(t, exitOK, "", "lookup", "-endpoint", srv.Endpoint(), "-json", "a", "c")
+	var ans keysAnswer
+	if err := json.Unmarshal([]byte(stdout), &ans); err != nil {
+		t.Fatalf("%v:\n%s", err, stdout)
+	}
+	if want := []keyAnswer{{"a", true}, {"c", false}}; !slices.Equal(ans.Keys, want) || ans.Held != 1 || ans.Leading != 1 {
+		t.Errorf("lookup -json: %+v", ans)
+	}
+}
+
+func TestLookupStalled(t *testing.T) {
+	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
+	srv.Stall("BatchExists")
+	_, stderr := mustRun(t, exitFail, "", "lookup", "-endpoint", srv.Endpoint(), "-timeout", "200ms", "a")
+	mustContain(t, "lookup", stderr, "did not answer within 200ms")
+}
+
+func TestLookupFailed(t *testing.T) {
+	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
+	srv.FailNext("BatchExists", 1)
+	_, stderr := mustRun(t, exitFail, "", "lookup", "-endpoint", srv.Endpoint(), "a")
+	mustContain(t, "lookup", stderr, "lookup failed", "treating as a miss")
+}
+
+func TestLookupTokens(t *testing.T) {
+	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
+	hasher, err := vllmhash.NewHasher(vllmhash.SHA256, "0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyer, err := umbp.NewTokenKeyer(umbp.TokenKeyConfig{
+		Namespace: "llama", Topology: umbp.RankTopology{TPSize: 2},
+		Groups: []umbp.KVCacheGroup{{ID: 0, BlockSize: 16}}, Hasher: hasher,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := make([]int32, 32)
+	var words []string
+	for i := range prompt {
+		prompt[i] = int32(i + 1)
+		words = append(words, fmt.Sprint(i+1))
+	}
+	keys, err := keyer.Keys(prompt, vllmhash.ExtraKeys{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys.Keys) != 4 {
+		t.Fatalf("%d keys, want 4", len(keys.Keys))
+	}
+	args := []string{"lookup", "-endpoint", srv.Endpoint(), "-tokens", "-ns", "llama", "-seed", "0", "-topo", "tp=2"}
+	stdin := "[" + strings.Join(words, ", ") + "]"
+
+	// Block 1 on one rank only: 16 tokens held.
+	store(t, srv.Endpoint(), keys.Keys[:3]...)
+	stdout, _ := mustRun(t, exitOK, stdin, args...)
+	mustContain(t, "lookup -tokens", stdout, "prompt    32 tokens, 4 keys", "held      16 tokens (the leading 3 keys)", "loadable  16 tokens")
+
+	// Every key: 32 held, but the connector decides on 31 tokens, one block.
+	store(t, srv.Endpoint(), keys.Keys[3])
+	stdout, _ = mustRun(t, exitOK, "", append(args, words...)...)
+	mustContain(t, "lookup -tokens", stdout, "held      32 tokens (the leading 4 keys)", "loadable  16 tokens")
+
+	stdout, _ = mustRun(t, exitOK, stdin, append(args, "-json")...)
+	var ans tokensAnswer
+	if err := json.Unmarshal([]byte(stdout), &ans); err != nil {
+		t.Fatalf("%v:\n%s", err, stdout)
+	}
+	if ans.Tokens != 32 || ans.Keys != 4 || ans.HeldKeys != 4 || ans.HeldTokens != 32 || ans.LoadableTokens == nil || *ans.LoadableTokens != 16 {
+		t.Errorf("lookup -tokens -json: %+v", ans)
+	}
+
+	mustRun(t, exitUsage, stdin, "lookup", "-endpoint", srv.Endpoint(), "-tokens", "-ns", "llama")               // no seed
+	mustRun(t, exitUsage, "1 x", "lookup", "-endpoint", srv.Endpoint(), "-tokens", "-ns", "llama", "-seed", "0") // bad token
+}
+
+func TestClear(t *testing.T) {
+	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
+	store(t, srv.Endpoint(), "a", "b")
+	_, stderr := mustRun(t, exitUsage, "", "clear", "-endpoint", srv.Endpoint())
+	mustContain(t, "clear", stderr, "pass -yes")
+	if n := srv.Stats().Objects; n != 2 {
+		t.Fatalf("%d objects after a refused clear, want 2", n)
+	}
+	stdout, _ := mustRun(t, exitOK, "", "clear", "-endpoint", srv.Endpoint(), "-yes")
+	mustContain(t, "clear", stdout, "cleared the pool at "+srv.Endpoint())
+	if n := srv.Stats().Objects; n != 0 {
+		t.Fatalf("%d objects after clear, want 0", n)
+	}
+}
+
+func TestClearStalled(t *testing.T) {
+	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
+	srv.Stall("Clear")
+	_, stderr := mustRun(t, exitFail, "", "clear", "-endpoint", srv.Endpoint(), "-yes", "-timeout", "200ms")
+	mustContain(t, "clear", stderr, "deadline exceeded")
+}
+
+func TestKey(t *testing.T) {
+	stdout, _ := mustRun(t, exitOK, "", "key", "make", "-ns", "llama", "-topo", "tp=1/2,pp=1/2", "-group", "3", "ABcd", "00")
+	if want := "umbp:vllm:v1:llama:tp1:pcp0:dcp0:pp1:g3:abcd\numbp:vllm:v1:llama:tp1:pcp0:dcp0:pp1:g3:00\n"; stdout != want {
+		t.Errorf("key make:\n%s\nwant\n%s", stdout, want)
+	}
+	// Flags before the subcommand, hashes from stdin.
+	stdout, _ = mustRun(t, exitOK, "ff\n", "key", "-ns", "m", "make")
+	if want := "umbp:vllm:v1:m:tp0:pcp0:dcp0:pp0:g0:ff\n"; stdout != want {
+		t.Errorf("key make from stdin: %q, want %q", stdout, want)
+	}
+	mustRun(t, exitFail, "", "key", "make", "-ns", "m", "abc")                    // odd-length hash
+	mustRun(t, exitUsage, "", "key", "make", "-ns", "a:b", "ab")                  // bad namespace
+	mustRun(t, exitUsage, "", "key", "make", "-ns", "m", "-topo", "tp=2/2", "ab") // rank outside size
+	mustRun(t, exitUsage, "", "key", "make", "-ns", "m", "-topo", "xp=1", "ab")
+	mustRun(t, exitUsage, "", "key")
+	mustRun(t, exitUsage, "", "key", "frob")
+
+	stdout, _ = mustRun(t, exitOK, "", "key", "parse", "umbp:vllm:v1:llama:tp1:pcp2:dcp0:pp1:g3:abcd")
+	if want := "namespace=llama tp=1 pcp=2 dcp=0 pp=1 group=3 hash=abcd\n"; stdout != want {
+		t.Errorf("key parse: %q, want %q", stdout, want)
+	}
+	stdout, stderr := mustRun(t, exitFail, "", "key", "parse", "-json", "umbp:vllm:v1:llama:tp1:pcp2:dcp0:pp1:g3:abcd", "nope")
+	var p parsedKey
+	if err := json.Unmarshal([]byte(stdout), &p); err != nil {
+		t.Fatalf("%v:\n%s", err, stdout)
+	}
+	if p != (parsedKey{"umbp:vllm:v1:llama:tp1:pcp2:dcp0:pp1:g3:abcd", "llama", 1, 2, 0, 1, 3, "abcd"}) {
+		t.Errorf("key parse -json: %+v", p)
+	}
+	mustContain(t, "key parse", stderr, `"nope"`)
+}
+
+// The keys of ExampleTokenKeyer (umbp/tokens_example_test.go).
+func TestKeyTokens(t *testing.T) {
+	want := `umbp:vllm:v1:llama:tp0:pcp0:dcp0:pp0:g0:bea72b7d33de03c1aa715efbb492d0e0d3801f00c1f985756896072ae8b31325
+umbp:vllm:v1:llama:tp1:pcp0:dcp0:pp0:g0:bea72b7d33de03c1aa715efbb492d0e0d3801f00c1f985756896072ae8b31325
+umbp:vllm:v1:llama:tp0:pcp0:dcp0:pp0:g0:2744667f6645310ff670b0c5d7c64987ffa5940de5a549f17d92dcbb5b559e31
+umbp:vllm:v1:llama:tp1:pcp0:dcp0:pp0:g0:2744667f6645310ff670b0c5d7c64987ffa5940de5a549f17d92dcbb5b559e31
+`
+	var toks []string
+	for i := 1; i <= 40; i++ {
+		toks = append(toks, fmt.Sprint(i))
+	}
+	for _, tc := range []struct {
+		name, stdin string
+		args        []string
+	}{
+		{"args", "", toks},
+		{"stdin lines", strings.Join(toks, "\n"), nil},
+		{"stdin JSON", "[" + strings.Join(toks, ",") + "]", []string{"-"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"key", "tokens", "-ns", "llama", "-seed", "0", "-topo", "tp=2", "-groups", "0:16"}, tc.args...)
+			stdout, _ := mustRun(t, exitOK, tc.stdin, args...)
+			if stdout != want {
+				t.Errorf("key tokens:\n%s\nwant\n%s", stdout, want)
+			}
+		})
+	}
+	mustRun(t, exitUsage, "", "key", "tokens", "-ns", "llama", "1", "2")                            // no seed
+	mustRun(t, exitUsage, "", "key", "tokens", "-ns", "llama", "-seed", "0", "-algo", "md5", "1")   // unknown algorithm
+	mustRun(t, exitUsage, "", "key", "tokens", "-ns", "llama", "-seed", "0", "-groups", "0:0", "1") // bad block size
+	mustRun(t, exitUsage, "", "key", "tokens", "-ns", "llama", "-seed", "0", "1", "99999999999")    // token out of range
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]uint64{"1": 1, "4KiB": 4096, "4k": 4096, "2 MiB": 2 << 20, "1GB": 1e9, "3b": 3} {
+		if got, err := parseSize(in); err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "0", "x", "1XB", "99999999999999999999", "16777216TiB"} {
+		if got, err := parseSize(in); err == nil {
+			t.Errorf("parseSize(%q) = %d, want an error", in, got)
+		}
+	}
+}
+
+func TestBench(t *testing.T) {
+	for _, opts := range []umbptest.Options{{}, {Version: 1}} {
+		t.Run(fmt.Sprintf("v%d", max(opts.Version, 2)), func(t *testing.T) {
+			opts.Capacity = 16 << 20
+			srv := umbptest.NewServer(t, opts)
+			stdout, _ := mustRun(t, exitOK, "", "bench", "-endpoint", srv.Endpoint(),
+				"-objects", "6", "-object-size", "64KiB", "-ranges", "4", "-batch", "4", "-rounds", "2", "-json")
+			var res benchResult
+			if err := json.Unmarshal([]byte(stdout), &res); err != nil {
+				t.Fatalf("%v:\n%s", err, stdout)
+			}
+			if len(res.StoreGBps) != 2 || len(res.LoadGBps) != 2 || !res.Verified || res.Batch != 4 ||
+				res.LookupHits[0] != 6 || res.LookupHits[1] != 6 || res.RangedIO != (opts.Version != 1) {
+				t.Errorf("bench -json: %+v", res)
+			}
+			if s := srv.Stats(); s.Objects != 12 || s.Regions != 0 {
+				t.Errorf("server after bench: %+v, want 12 objects and no regions", s)
+			}
+		})
+	}
+}
+
+func TestBenchText(t *testing.T) {
+	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
+	stdout, _ := mustRun(t, exitOK, "", "bench", "-endpoint", srv.Endpoint(), "-objects", "2", "-object-size", "4KiB", "-rounds", "1", "-progress", "on")
+	mustContain(t, "bench", stdout, "objects   2 of 4 KiB, 1 range(s) each, jobs of 2", "store", "load", "2 of 2 keys held", "verified", "umbp-bench-")
+	mustRun(t, exitUsage, "", "bench", "-endpoint", srv.Endpoint(), "-object-size", "10", "-ranges", "3")
+	mustRun(t, exitUsage, "", "bench", "-endpoint", srv.Endpoint(), "-objects", "0")
+	mustRun(t, exitUsage, "", "bench", "-endpoint", srv.Endpoint(), "-progress", "sometimes")
+}
+
+// A pool smaller than a round: the store is refused, and bench says so.
+func TestBenchPoolFull(t *testing.T) {
+	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 1 << 20})
+	_, stderr := mustRun(t, exitFail, "", "bench", "-endpoint", srv.Endpoint(), "-objects", "1", "-object-size", "2MiB", "-rounds", "1")
+	mustContain(t, "bench", stderr, "round 1: store:")
+}
+
+// A stalled server: the store blocks past its deadline and bench ends,
+// leaving its buffers to the server that may still use them.
+func TestBenchStalled(t *testing.T) {
+	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
+	srv.Stall("BatchPutRanges")
+	_, stderr := mustRun(t, exitFail, "", "bench", "-endpoint", srv.Endpoint(), "-objects", "2", "-object-size", "4KiB", "-rounds", "1", "-timeout", "200ms")
+	mustContain(t, "bench", stderr, "round 1: store:", "buffers still in use")
+	srv.Resume()
+}

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/umbp-go/umbp-go/internal/conn"
+	"github.com/umbp-go/umbp-go/umbp"
+)
+
+// pingResult is what ping reports; -json prints it as is.
+type pingResult struct {
+	Endpoint     string    `json:"endpoint"`
+	FDSocket     string    `json:"fd_socket"`
+	Ready        bool      `json:"ready"`
+	Mode         string    `json:"mode"`
+	RangedIO     bool      `json:"ranged_io"`
+	RTTs         []float64 `json:"rtt_seconds"`
+	FDHandoff    *bool     `json:"fd_handoff,omitempty"`
+	FDHandoffErr string    `json:"fd_handoff_error,omitempty"`
+}
+
+func pingFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string) error {
+	c.register(fs, 5*time.Second, "how long to wait for the server to answer, and for each ping")
+	count := fs.Int("count", 3, "pings to time after the server first answered")
+	fd := fs.Bool("fd", false, "also register one page of host memory through the fd-handoff socket, and release it")
+	asJSON := fs.Bool("json", false, "print the result as JSON")
+	return func(ctx context.Context, e env, args []string) error {
+		if len(args) != 0 {
+			return fmt.Errorf("%w: unexpected arguments %q", errUsage, args)
+		}
+		if *count < 0 {
+			return fmt.Errorf("%w: -count must not be negative", errUsage)
+		}
+		rt, err := c.runtime()
+		if err != nil {
+			return err
+		}
+		res, err := ping(ctx, c, rt, *count, *fd)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			enc := json.NewEncoder(e.stdout)
+			enc.SetIndent("", "  ")
+			if err := enc.Encode(res); err != nil {
+				return err
+			}
+		} else {
+			printPing(e, res)
+		}
+		if res.FDHandoff != nil && !*res.FDHandoff {
+			return fmt.Errorf("fd handoff: %s", res.FDHandoffErr)
+		}
+		return nil
+	}
+}
+
+// ping dials the server as a handle does (trust check, wait for ready),
+// times count more pings and, with fd, registers a page of host memory.
+func ping(ctx context.Context, c *common, rt *umbp.StandaloneRuntime, count int, fd bool) (*pingResult, error) {
+	cn, err := conn.Dial(ctx, conn.Options{
+		Endpoint:       rt.Endpoint(),
+		StartupTimeout: c.timeout,
+		Logger:         c.log,
+		TrustedUIDs:    c.trusted,
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer cn.Close()
+	caps := cn.Capabilities()
+	res := &pingResult{
+		Endpoint: rt.Endpoint(),
+		FDSocket: cn.FDSocketPath(),
+		Ready:    caps.Ready,
+		Mode:     caps.Mode.String(),
+		RangedIO: caps.RangedIO,
+		RTTs:     []float64{},
+	}
+	for range count {
+		pctx, cancel := context.WithTimeout(ctx, c.timeout)
+		start := time.Now()
+		caps, err := cn.Ping(pctx)
+		took := time.Since(start)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("ping %d: %w", len(res.RTTs)+1, err)
+		}
+		res.Ready = caps.Ready
+		res.RTTs = append(res.RTTs, took.Seconds())
+	}
+	if fd {
+		err := registerPage(ctx, rt)
+		ok := err == nil
+		res.FDHandoff = &ok
+		if err != nil {
+			res.FDHandoffErr = err.Error()
+		}
+	}
+	return res, nil
+}
+
+// registerPage registers one page of host memory through a worker handle
+// (fd handoff, then RegisterMemory) and releases it.
+func registerPage(ctx context.Context, rt *umbp.StandaloneRuntime) (err error) {
+	buf, err := umbp.NewHostBuffer(4096)
+	if err != nil {
+		return err
+	}
+	w, err := rt.NewWorkerHandle(ctx, "umbp-ping", umbp.RankTopology{}, nil)
+	if err != nil {
+		buf.Close()
+		return err
+	}
+	defer func() {
+		// A buffer the handle could not release stays mapped: the server
+		// may still use it.
+		if cerr := w.Close(); cerr != nil {
+			err = errors.Join(err, cerr)
+			return
+		}
+		err = errors.Join(err, buf.Close())
+	}()
+	return w.RegisterBuffers(ctx, map[string]umbp.Buffer{"page": buf.Buffer()})
+}
+
+func printPing(e env, r *pingResult) {
+	p := func(k, format string, a ...any) { fmt.Fprintf(e.stdout, "%-10s %s\n", k, fmt.Sprintf(format, a...)) }
+	p("endpoint", "%s", r.Endpoint)
+	p("fd socket", "%s", r.FDSocket)
+	p("ready", "%v", r.Ready)
+	p("mode", "%s", r.Mode)
+	if r.RangedIO {
+		p("ranged I/O", "yes: scatter/gather batches and GPU memory by IPC handle (v2)")
+	} else {
+		p("ranged I/O", "no: contiguous batches, host memory only (v1, or v2 with its SSD tier on)")
+	}
+	if len(r.RTTs) > 0 {
+		s := slices.Clone(r.RTTs)
+		slices.Sort(s)
+		sum := 0.0
+		for _, v := range s {
+			sum += v
+		}
+		p("rtt", "min %v, avg %v, max %v over %d pings", dur(s[0]), dur(sum/float64(len(s))), dur(s[len(s)-1]), len(s))
+	}
+	if r.FDHandoff != nil {
+		if *r.FDHandoff {
+			p("fd handoff", "ok: registered and released one page of host memory")
+		} else {
+			p("fd handoff", "FAILED: %s", r.FDHandoffErr)
+		}
+	}
+}
+
+// dur formats seconds as a duration rounded to a microsecond.
+func dur(seconds float64) time.Duration {
+	return time.Duration(seconds * float64(time.Second)).Round(time.Microsecond)
+}
