@@ -201,7 +201,7 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 	}
 	h.stats.lookups.Add(1)
 	hits, err := call(ctx, h, "BatchExists", func(ctx context.Context, c *conn.Conn) ([]bool, error) {
-		return c.BatchExists(ctx, ask)
+		return c.BatchExists(ctx, ask, true) // ask holds sendable keys only
 	})
 	if err != nil {
 		h.logFailure("lookup", err)
@@ -265,7 +265,7 @@ func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
 	}
 	h.stats.lookups.Add(1)
 	n, err := call(ctx, h, "BatchExistsConsecutive", func(ctx context.Context, c *conn.Conn) (int, error) {
-		return c.BatchExistsConsecutive(ctx, keys)
+		return c.BatchExistsConsecutive(ctx, keys, true) // cut at the first unsendable key
 	})
 	if err != nil {
 		h.logFailure("prefix lookup", err)

@@ -376,10 +376,10 @@ func TestRequestMapping(t *testing.T) {
 	ok, err = c.Exists(ctx, "k1")
 	check("Exists", ok, err)
 	wantReq(t, oneCall(t, f), "Exists", &umbppb.KeyRequest{Key: "k1"})
-	got, err = c.BatchExists(ctx, []string{"a", "b", "c"})
+	got, err = c.BatchExists(ctx, []string{"a", "b", "c"}, false)
 	checkAll("BatchExists", got, err, 3)
 	wantReq(t, oneCall(t, f), "BatchExists", &umbppb.BatchKeysRequest{Keys: []string{"a", "b", "c"}})
-	n, err := c.BatchExistsConsecutive(ctx, []string{"a", "b", "c"})
+	n, err := c.BatchExistsConsecutive(ctx, []string{"a", "b", "c"}, false)
 	if n != 3 || err != nil {
 		t.Fatalf("BatchExistsConsecutive = %d, %v", n, err)
 	}
@@ -474,7 +474,7 @@ func TestNoDeadlineAdded(t *testing.T) {
 	o := []Object{{Key: "k", Size: 1, Ranges: []Range{{RegionBase: 0x1000, Size: 1}}}}
 	_, _ = c.BatchPutRanges(ctx, o)
 	_, _ = c.BatchGetRanges(ctx, o)
-	_, _ = c.BatchExists(ctx, []string{"k"})
+	_, _ = c.BatchExists(ctx, []string{"k"}, false)
 	calls := f.take()
 	if len(calls) != 7 {
 		t.Fatalf("%d calls", len(calls))
@@ -712,7 +712,7 @@ func TestValidation(t *testing.T) {
 		"BatchGet overflow": func() ([]bool, error) {
 			return c.BatchGet(ctx, []string{"a"}, []Segment{{RegionBase: 0x1000, Offset: ^uint64(0), Size: 2}})
 		},
-		"BatchExists utf8": func() ([]bool, error) { return c.BatchExists(ctx, []string{"a", "\xff"}) },
+		"BatchExists utf8": func() ([]bool, error) { return c.BatchExists(ctx, []string{"a", "\xff"}, false) },
 		"ranges none": func() ([]bool, error) {
 			return c.BatchPutRanges(ctx, []Object{{Key: "a", Size: 1, Ranges: []Range{goodR}}, {Key: "b", Size: 1}})
 		},
@@ -747,7 +747,7 @@ func TestValidation(t *testing.T) {
 		"Put empty key": func() error { _, err := c.Put(ctx, "", good); return err },
 		"Get size 0":    func() error { _, err := c.Get(ctx, "k", Segment{RegionBase: 1}); return err },
 		"Exists empty":  func() error { _, err := c.Exists(ctx, ""); return err },
-		"Consecutive":   func() error { _, err := c.BatchExistsConsecutive(ctx, []string{""}); return err },
+		"Consecutive":   func() error { _, err := c.BatchExistsConsecutive(ctx, []string{""}, false); return err },
 		"Match utf8":    func() error { _, err := c.MatchExternalKv(ctx, []string{"\xff"}, false); return err },
 	}
 	for name, fn := range singles {
@@ -759,7 +759,7 @@ func TestValidation(t *testing.T) {
 		t.Fatalf("invalid requests reached the server: %v", calls)
 	}
 	// Empty batches need no request.
-	if got, err := c.BatchExists(ctx, nil); len(got) != 0 || err != nil {
+	if got, err := c.BatchExists(ctx, nil, false); len(got) != 0 || err != nil {
 		t.Fatalf("BatchExists(nil) = %v, %v", got, err)
 	}
 	if got, err := c.BatchPutRanges(ctx, nil); len(got) != 0 || err != nil {
@@ -829,7 +829,7 @@ func TestBatchSplit(t *testing.T) {
 		}}
 	}
 	for name, fn := range map[string]func() ([]bool, error){
-		"BatchExists":    func() ([]bool, error) { return c.BatchExists(ctx, keys) },
+		"BatchExists":    func() ([]bool, error) { return c.BatchExists(ctx, keys, false) },
 		"BatchPut":       func() ([]bool, error) { return c.BatchPut(ctx, keys, segs) },
 		"BatchGet":       func() ([]bool, error) { return c.BatchGet(ctx, keys, segs) },
 		"BatchPutRanges": func() ([]bool, error) { return c.BatchPutRanges(ctx, objs) },
@@ -896,7 +896,7 @@ func TestBatchSplit(t *testing.T) {
 
 	// One entry too large for any request: refused locally.
 	big := strings.Repeat("k", limit)
-	if got, err := c.BatchExists(ctx, []string{"a", big}); !errors.Is(err, ErrInvalidArgument) || len(got) != 2 {
+	if got, err := c.BatchExists(ctx, []string{"a", big}, false); !errors.Is(err, ErrInvalidArgument) || len(got) != 2 {
 		t.Fatalf("oversize key: %v, %v", got, err)
 	}
 	if _, err := c.Exists(ctx, big); !errors.Is(err, ErrInvalidArgument) {
@@ -929,7 +929,7 @@ func TestBatchExistsConsecutiveSplit(t *testing.T) {
 		return &umbppb.CountResponse{Count: uint64(n)}, nil
 	})
 	f.take()
-	n, err := c.BatchExistsConsecutive(context.Background(), keys)
+	n, err := c.BatchExistsConsecutive(context.Background(), keys, false)
 	if n != present || err != nil {
 		t.Fatalf("BatchExistsConsecutive = %d, %v", n, err)
 	}
@@ -946,7 +946,7 @@ func TestBatchExistsConsecutiveSplit(t *testing.T) {
 	f.setHandler(func(_ context.Context, m string, _ proto.Message) (proto.Message, error) {
 		return &umbppb.CountResponse{Count: 1000}, nil
 	})
-	if _, err := c.BatchExistsConsecutive(context.Background(), keys[:2]); !errors.Is(err, ErrBadReply) {
+	if _, err := c.BatchExistsConsecutive(context.Background(), keys[:2], false); !errors.Is(err, ErrBadReply) {
 		t.Fatalf("oversize count: %v", err)
 	}
 }
@@ -961,7 +961,7 @@ func TestWrongLengthAndChunkFailures(t *testing.T) {
 		f.setHandler(func(context.Context, string, proto.Message) (proto.Message, error) {
 			return &umbppb.BatchBoolResponse{Ok: make([]bool, n)}, nil
 		})
-		got, err := c.BatchExists(ctx, []string{"a", "b", "c"})
+		got, err := c.BatchExists(ctx, []string{"a", "b", "c"}, false)
 		if !errors.Is(err, ErrBadReply) || len(got) != 3 {
 			t.Fatalf("%d results: %v, %v", n, got, err)
 		}
@@ -987,7 +987,7 @@ func TestWrongLengthAndChunkFailures(t *testing.T) {
 		return &umbppb.BatchBoolResponse{Ok: ok}, nil
 	})
 	f.take()
-	got, err := c.BatchExists(ctx, keys)
+	got, err := c.BatchExists(ctx, keys, false)
 	calls := f.take()
 	if len(calls) < 4 || len(got) != len(keys) {
 		t.Fatalf("%d requests, %d results", len(calls), len(got))
@@ -1149,8 +1149,8 @@ func TestClose(t *testing.T) {
 		"BatchPutRanges": func() error { _, err := c.BatchPutRanges(ctx, o); return err },
 		"BatchGetRanges": func() error { _, err := c.BatchGetRanges(ctx, o); return err },
 		"Exists":         func() error { _, err := c.Exists(ctx, "k"); return err },
-		"BatchExists":    func() error { _, err := c.BatchExists(ctx, []string{"k"}); return err },
-		"Consecutive":    func() error { _, err := c.BatchExistsConsecutive(ctx, []string{"k"}); return err },
+		"BatchExists":    func() error { _, err := c.BatchExists(ctx, []string{"k"}, false); return err },
+		"Consecutive":    func() error { _, err := c.BatchExistsConsecutive(ctx, []string{"k"}, false); return err },
 		"Clear":          func() error { _, err := c.Clear(ctx); return err },
 		"Flush":          func() error { _, err := c.Flush(ctx); return err },
 		"RegisterHost":   func() error { return c.RegisterHost(ctx, fd, addr(mem), 4096) },

@@ -2,30 +2,42 @@ package conn
 
 import (
 	"context"
+	"encoding/binary"
 
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
-// keySpans validates keys and splits them to fit the message limit.
-func keySpans(op string, keys []string) ([]span, error) {
+// keySpans validates keys (unless checked says the caller did) and splits
+// them to fit the message limit. Keys that fit one message, as lookups
+// almost always do, are sized in one pass without a per-key split.
+func keySpans(op string, keys []string, checked bool) ([]span, error) {
+	total := 0
 	for i, k := range keys {
-		if err := checkKey(op, i, k); err != nil {
-			return nil, err
+		if !checked {
+			if err := checkKey(op, i, k); err != nil {
+				return nil, err
+			}
 		}
+		total += len(k)
+	}
+	// A key costs its bytes, a tag and a length of at most 10 bytes.
+	if len(keys) > 0 && total+len(keys)*(1+binary.MaxVarintLen64) <= maxRequestBytes {
+		return []span{{0, len(keys)}}, nil
 	}
 	return split(op, len(keys), 0, func(i int) int { return bytesField(len(keys[i])) })
 }
 
 // BatchExists reports, for each key in order, whether the server holds it.
 // The result has one entry per key, always; see BatchPut for how failures
-// of a split batch are reported.
-func (c *Conn) BatchExists(ctx context.Context, keys []string) ([]bool, error) {
+// of a split batch are reported. With checked, the caller has checked every
+// key already (non-empty, valid UTF-8) and they are not checked again.
+func (c *Conn) BatchExists(ctx context.Context, keys []string, checked bool) ([]bool, error) {
 	const op = "BatchExists"
 	n := len(keys)
 	if err := c.usable(op); err != nil {
 		return make([]bool, n), err
 	}
-	spans, err := keySpans(op, keys)
+	spans, err := keySpans(op, keys, checked)
 	if err != nil {
 		return make([]bool, n), err
 	}
@@ -39,13 +51,14 @@ func (c *Conn) BatchExists(ctx context.Context, keys []string) ([]bool, error) {
 }
 
 // BatchExistsConsecutive returns how many leading keys the server holds.
-// On an error the count covers the keys answered before it.
-func (c *Conn) BatchExistsConsecutive(ctx context.Context, keys []string) (int, error) {
+// On an error the count covers the keys answered before it. checked is as
+// for BatchExists.
+func (c *Conn) BatchExistsConsecutive(ctx context.Context, keys []string, checked bool) (int, error) {
 	const op = "BatchExistsConsecutive"
 	if err := c.usable(op); err != nil {
 		return 0, err
 	}
-	spans, err := keySpans(op, keys)
+	spans, err := keySpans(op, keys, checked)
 	if err != nil {
 		return 0, err
 	}
