@@ -40,9 +40,9 @@ func TestTransportCutServerAlive(t *testing.T) {
 		t.Skip("runs a child process")
 	}
 	srv := newServer(t, umbptest.Options{})
-	srv.Stall("BatchPutRanges") // the child's first store is held
+	srv.Stall("BatchPut") // the child's first store (one host range: a plain segment) is held
 	out := startChild(t, "TestTransportCutServerAliveChild", srv.Endpoint())
-	waitCalls(t, srv, "BatchPutRanges", 1)
+	waitCalls(t, srv, "BatchPut", 1)
 	if err := srv.Restart(); err != nil { // cuts the transport; this process, the server, lives on
 		t.Fatal(err)
 	}

@@ -22,8 +22,13 @@ type transferOptions struct {
 type item struct {
 	idx    int // plan index in the job
 	obj    conn.Object
-	single bool // one range: a plain segment on a server without ranged I/O
+	single bool // one range
+	host   bool // in host memory
 }
+
+// plain reports whether the item can travel as a plain segment (BatchPut,
+// BatchGet): one range of host memory.
+func (it *item) plain() bool { return it.single && it.host }
 
 // submit builds a job, fails what cannot run, and queues the rest. bad,
 // when not nil, holds the planning error of each plan that could not be
@@ -159,7 +164,7 @@ func (w *WorkerHandle) resolvePlansLocked(job *TransferJob, ranged bool) []item 
 			job.setOutcome(i, notAttempted(bad))
 			continue
 		}
-		items = append(items, item{idx: i, obj: obj, single: single})
+		items = append(items, item{idx: i, obj: obj, single: single, host: host})
 	}
 	return items
 }
@@ -226,7 +231,7 @@ func (w *WorkerHandle) run(job *TransferJob, tr transport, items []item, barrier
 		if lost != nil {
 			w.logFailure(job.kind.String(), lost)
 			w.link.failed(lost)
-		} else if ok, ferr := tr.flush(ctx); ferr != nil || !ok {
+		} else if ok, ferr := tr.flush(ctx); ferr != nil || !ok { // a no-op where the server has no tier to persist
 			if ferr == nil {
 				ferr = fmt.Errorf("%w: the final Flush answered false", ErrRefused)
 			}

@@ -18,7 +18,8 @@ type transport interface {
 	// answered), and every such error joined. The results have one entry
 	// per item, always.
 	move(ctx context.Context, kind jobKind, items []item) (ok []bool, errs []error, err error)
-	// flush asks the server to persist what was stored.
+	// flush asks the server to persist what was stored: a store's last
+	// call. It answers true at once where there is nothing to persist.
 	flush(ctx context.Context) (bool, error)
 	// ranged reports whether multi-range items move as they are.
 	ranged() bool
@@ -34,17 +35,62 @@ func (w *WorkerHandle) transportFor(c *conn.Conn) transport {
 	return segmentTransport{c: c, w: w}
 }
 
-// rangedTransport moves items with BatchPutRanges and BatchGetRanges, in
-// parts run concurrently (each split further by the connection at the
-// message limit). Parts are independent requests: a job that names one new
-// key twice may have it stored once.
+// rangedTransport moves items on a server with ranged I/O. Items of one
+// host range go as plain segments, in one BatchPut or BatchGet (servers copy
+// those with less work a range than ranged calls); the others with
+// BatchPutRanges and BatchGetRanges, in parts run concurrently (each split
+// further by the connection at the message limit). Parts are independent
+// requests: a job that names one new key twice may have it stored once.
 type rangedTransport struct{ c *conn.Conn }
 
-func (t rangedTransport) ranged() bool                            { return true }
-func (t rangedTransport) conn() *conn.Conn                        { return t.c }
-func (t rangedTransport) flush(ctx context.Context) (bool, error) { return t.c.Flush(ctx) }
+func (t rangedTransport) ranged() bool     { return true }
+func (t rangedTransport) conn() *conn.Conn { return t.c }
+
+// flush answers true at once: a server offers ranged I/O only with its SSD
+// tier off, so its Flush has nothing to persist and would cost a round trip.
+func (t rangedTransport) flush(context.Context) (bool, error) { return true, nil }
 
 func (t rangedTransport) move(ctx context.Context, kind jobKind, items []item) ([]bool, []error, error) {
+	var plain, other []int
+	for k := range items {
+		if items[k].plain() {
+			plain = append(plain, k)
+		} else {
+			other = append(other, k)
+		}
+	}
+	if len(other) == 0 {
+		results := make([]bool, len(items))
+		itemErrs := make([]error, len(items))
+		err := plainBatch(ctx, t.c, kind, items, plain, results, itemErrs)
+		return results, itemErrs, err
+	}
+	if len(plain) == 0 {
+		return t.rangedBatch(ctx, kind, items)
+	}
+	// Both kinds: the plain request runs beside the ranged parts.
+	results := make([]bool, len(items))
+	itemErrs := make([]error, len(items))
+	var plainErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		plainErr = plainBatch(ctx, t.c, kind, items, plain, results, itemErrs)
+	}()
+	sub := make([]item, len(other))
+	for i, k := range other {
+		sub[i] = items[k]
+	}
+	got, gotErrs, err := t.rangedBatch(ctx, kind, sub)
+	<-done
+	for i, k := range other {
+		results[k], itemErrs[k] = got[i], gotErrs[i]
+	}
+	return results, itemErrs, errors.Join(plainErr, err)
+}
+
+// rangedBatch moves every item in ranged requests.
+func (t rangedTransport) rangedBatch(ctx context.Context, kind jobKind, items []item) ([]bool, []error, error) {
 	objs := make([]conn.Object, len(items))
 	for k := range items {
 		objs[k] = items[k].obj
@@ -144,36 +190,17 @@ func (t segmentTransport) flush(ctx context.Context) (bool, error) { return t.c.
 func (t segmentTransport) move(ctx context.Context, kind jobKind, items []item) ([]bool, []error, error) {
 	results := make([]bool, len(items))
 	itemErrs := make([]error, len(items))
-	var keys []string
-	var segs []conn.Segment
-	var at []int
-	var multi []int
+	var single, multi []int
 	for k := range items {
-		if !items[k].single {
+		if items[k].single {
+			single = append(single, k)
+		} else {
 			multi = append(multi, k)
-			continue
 		}
-		r := items[k].obj.Ranges[0]
-		keys = append(keys, items[k].obj.Key)
-		segs = append(segs, conn.Segment{RegionBase: r.RegionBase, Offset: r.Offset, Size: r.Size})
-		at = append(at, k)
 	}
 	var errs []error
-	if len(keys) > 0 {
-		var got []bool
-		var err error
-		if kind == kindStore {
-			got, err = t.c.BatchPut(ctx, keys, segs)
-		} else {
-			got, err = t.c.BatchGet(ctx, keys, segs)
-		}
-		if err != nil {
-			errs = append(errs, err)
-		}
-		for i, k := range at {
-			results[k] = i < len(got) && got[i]
-			itemErrs[k] = conn.ErrFor(err, i)
-		}
+	if err := plainBatch(ctx, t.c, kind, items, single, results, itemErrs); err != nil {
+		errs = append(errs, err)
 	}
 	if len(multi) > 0 {
 		if err := t.w.staged(ctx, t.c, kind, items, multi, results, itemErrs); err != nil {
@@ -181,4 +208,32 @@ func (t segmentTransport) move(ctx context.Context, kind jobKind, items []item) 
 		}
 	}
 	return results, itemErrs, errors.Join(errs...)
+}
+
+// plainBatch moves the single-range items at indexes at in one BatchPut or
+// BatchGet (split by the connection at the message limit), recording each
+// one's result and the error of the request that carried it.
+func plainBatch(ctx context.Context, c *conn.Conn, kind jobKind, items []item, at []int, results []bool, itemErrs []error) error {
+	if len(at) == 0 {
+		return nil
+	}
+	keys := make([]string, len(at))
+	segs := make([]conn.Segment, len(at))
+	for i, k := range at {
+		r := items[k].obj.Ranges[0]
+		keys[i] = items[k].obj.Key
+		segs[i] = conn.Segment{RegionBase: r.RegionBase, Offset: r.Offset, Size: r.Size}
+	}
+	var got []bool
+	var err error
+	if kind == kindStore {
+		got, err = c.BatchPut(ctx, keys, segs)
+	} else {
+		got, err = c.BatchGet(ctx, keys, segs)
+	}
+	for i, k := range at {
+		results[k] = i < len(got) && got[i]
+		itemErrs[k] = conn.ErrFor(err, i)
+	}
+	return err
 }

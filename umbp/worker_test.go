@@ -362,7 +362,7 @@ func TestCloseWithStalledStoreAbandons(t *testing.T) {
 	defer srv.Resume()
 	job := w.Store([]umbp.BlockTransferPlan{plan})
 	queued := w.Store([]umbp.BlockTransferPlan{{Key: "q", Ranges: []umbp.KVRange{{BaseAddress: base + 4096, Length: 4096}}}})
-	waitCalls(t, srv, "BatchPutRanges", 2)
+	waitCalls(t, srv, "BatchPut", 2) // one host range each: plain segments
 	start := time.Now()
 	err = w.Close()
 	if el := time.Since(start); el > 2*time.Second {
@@ -519,24 +519,19 @@ func TestTransferInParts(t *testing.T) {
 // key with that error, like a first attempt that failed so, instead of being
 // dropped as a plain refusal.
 func TestStoreRetryTransportFails(t *testing.T) {
-	t.Cleanup(umbp.SetStoreRetryBackoff([]time.Duration{300 * time.Millisecond}))
+	t.Cleanup(umbp.SetStoreRetryBackoff([]time.Duration{2 * time.Second}))
 	srv := newServer(t, umbptest.Options{Capacity: 4096})
 	cfg := testConfig(t, srv.Endpoint())
 	cfg.Timeout = 10 * time.Second
 	rt := newRuntime(t, cfg)
 	e := newEngine(t, rt, 1, 4, 8192) // a block larger than the pool: refused
 	plans := e.plans(t, "big", 0)
-	flushes := srv.Calls("Flush")
-	job := e.w.Store(plans)
-	// The retry comes 300 ms after its Flush: make it fail in transport.
-	deadline := time.Now().Add(5 * time.Second)
-	for srv.Calls("Flush") == flushes {
-		if time.Now().After(deadline) {
-			t.Fatal("the store never retried")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	srv.FailNext("BatchPutRanges", 1)
+	before := srv.Calls("BatchPut")
+	job := e.w.Store(plans) // one host range: a plain segment
+	// The retry comes 2 s after the refused first attempt: make it fail in
+	// transport.
+	waitCalls(t, srv, "BatchPut", before+1)
+	srv.FailNext("BatchPut", 1)
 	waitJob(t, e.w, job)
 	if job.Status() != umbp.JobFailed || !errors.Is(job.KeyErr(0), umbp.ErrUnavailable) {
 		t.Fatalf("store: %s, key error %v; want the retry's transport error", job.Status(), job.KeyErr(0))
