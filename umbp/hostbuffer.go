@@ -108,6 +108,19 @@ func hostMemory() uint64 {
 	return (uint64(si.Totalram) + uint64(si.Totalswap)) * uint64(si.Unit)
 }
 
+// prefault allocates the buffer's pages now rather than at their first
+// touch: MADV_POPULATE_WRITE, or a write to each page where the kernel
+// lacks it.
+func (b *HostBuffer) prefault() {
+	if unix.Madvise(b.mem, unix.MADV_POPULATE_WRITE) == nil {
+		return
+	}
+	page := os.Getpagesize()
+	for i := 0; i < len(b.mem); i += page {
+		b.mem[i] = 0
+	}
+}
+
 // Bytes returns the buffer's memory, or nil after Close succeeded.
 func (b *HostBuffer) Bytes() []byte {
 	b.mu.Lock()

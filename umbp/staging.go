@@ -23,8 +23,9 @@ type stagingPool struct {
 	count int
 }
 
-// get returns a registered staging buffer of at least size bytes.
-func (s *stagingPool) get(c *conn.Conn, size uint64) (*HostBuffer, error) {
+// get returns a registered staging buffer of at least size bytes; a new one
+// is registered within ctx and Timeout.
+func (s *stagingPool) get(ctx context.Context, c *conn.Conn, size uint64) (*HostBuffer, error) {
 	s.mu.Lock()
 	for i, b := range s.free {
 		if b.mappedSize() >= size {
@@ -48,7 +49,7 @@ func (s *stagingPool) get(c *conn.Conn, size uint64) (*HostBuffer, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.w.timeout)
+	ctx, cancel := context.WithTimeout(ctx, s.w.timeout)
 	defer cancel()
 	if err := b.acquire(); err != nil {
 		return nil, err
@@ -75,6 +76,47 @@ func (s *stagingPool) get(c *conn.Conn, size uint64) (*HostBuffer, error) {
 	s.all = append(s.all, b)
 	s.mu.Unlock()
 	return b, nil
+}
+
+// prepareStaging readies, within ctx, the staging buffer that the first
+// multi-range transfer on a server without ranged I/O would otherwise
+// create, register and fault in on the engine's step: sized for the
+// layout's largest job (every block of its multi-range groups, at most
+// stagingChunk), its pages touched. Failures are left to the first
+// transfer, which makes the buffer itself.
+func (w *WorkerHandle) prepareStaging(ctx context.Context) {
+	c, err := w.link.current()
+	if err != nil || w.planner == nil || c.Capabilities().RangedIO {
+		return
+	}
+	var size uint64
+	for _, g := range w.planner.Groups() {
+		if w.planner.RangesPerBlock(g) > 1 {
+			size += w.planner.ObjectSize(g) * uint64(w.planner.NumBlocks(g))
+		}
+	}
+	if size == 0 || w.staging.has(min(size, stagingChunk)) {
+		return
+	}
+	b, err := w.staging.get(ctx, c, min(size, stagingChunk))
+	if err != nil {
+		w.log.Debug("UMBP standalone staging buffer not prepared; the first staged transfer makes it", "endpoint", w.address, "err", err)
+		return
+	}
+	b.prefault()
+	w.staging.put(b)
+}
+
+// has reports whether a free staging buffer of at least size bytes exists.
+func (s *stagingPool) has(size uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, b := range s.free {
+		if b.mappedSize() >= size {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *stagingPool) put(b *HostBuffer) {
@@ -124,7 +166,7 @@ func (w *WorkerHandle) staged(ctx context.Context, c *conn.Conn, kind jobKind, i
 }
 
 func (w *WorkerHandle) stageChunk(ctx context.Context, c *conn.Conn, kind jobKind, items []item, idx []int, total uint64, results []bool) error {
-	buf, err := w.staging.get(c, total)
+	buf, err := w.staging.get(ctx, c, total)
 	if err != nil {
 		return err
 	}

@@ -201,6 +201,7 @@ func (w *WorkerHandle) RegisterBuffers(ctx context.Context, buffers map[string]B
 			errs = append(errs, fmt.Errorf("umbp: register buffer %q: %w", name, err))
 		}
 	}
+	w.prepareStaging(ctx)
 	return errors.Join(errs...)
 }
 

@@ -466,11 +466,20 @@ func TestFallbackKeyErrors(t *testing.T) {
 	single := umbp.BlockTransferPlan{Key: "single", Ranges: []umbp.KVRange{{
 		BaseAddress: e.layout.Regions[0].BaseAddress + 512, Length: 512, LayerName: "layer.0",
 	}}}
-	// The staging buffer's registration fails; the plain request is answered
-	// (a miss).
+	// A handle without a layout prepares no staging buffer: the one its
+	// first staged load makes fails to register; the plain request is
+	// answered (a miss).
+	w, err := rt.NewWorkerHandle(t.Context(), "no-layout", umbp.RankTopology{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := w.RegisterBuffers(t.Context(), map[string]umbp.Buffer{"kv": e.buf.Buffer()}); err != nil {
+		t.Fatal(err)
+	}
 	srv.FailNext("FDHandoff", 1)
-	job := e.w.Load([]umbp.BlockTransferPlan{single, multi[0]})
-	waitJob(t, e.w, job)
+	job := w.Load([]umbp.BlockTransferPlan{single, multi[0]})
+	waitJob(t, w, job)
 	if job.Status() != umbp.JobFailed || len(job.FailedKeys()) != 2 {
 		t.Fatalf("load: %s, failed %v", job.Status(), job.FailedKeys())
 	}

@@ -2,8 +2,10 @@ package server
 
 import (
 	"fmt"
+	"runtime"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -21,39 +23,57 @@ func safeCopy(dst, src []byte) (err error) {
 	return nil
 }
 
-// copyBatch makes one request's copies between regions and the pool. Host
-// copies happen at once; GPU copies are queued and made together by wait, so
-// that an object of many ranges, or a batch of many objects, costs the GPU
-// one synchronisation rather than one per range. Every copy belongs to an
-// item (an object of the request): wait reports failures per item. Pool
-// memory a queued copy touches must stay reserved or acquired, and the
-// regions leased, until wait returns. Items queue in order: an item's copies
-// are queued before the next item's.
+// copyBatch makes one request's copies between regions and the pool. Copies
+// are queued and made together by wait: GPU copies in one call of the
+// backend, so that an object of many ranges, or a batch of many objects,
+// costs the GPU one synchronisation rather than one per range; host copies
+// spread over several goroutines once there are enough bytes, so that one
+// large request is copied as fast as several. Every copy belongs to an item
+// (an object of the request): wait reports failures per item. Pool memory a
+// queued copy touches must stay reserved or acquired, and the regions
+// leased, until wait returns. Items queue in order: an item's copies are
+// queued before the next item's.
 type copyBatch struct {
 	s     *Server
 	gpu   []GPUCopy
 	items []int // per queued GPU copy, its item
+	host  []hostCopy
+	bytes uint64 // of the queued host copies
 }
 
-// toPool copies n bytes at l into o at objOff for item. A host copy's error
-// is returned; a GPU copy's comes from wait.
-func (b *copyBatch) toPool(item int, l loc, o *object, objOff, n uint64) error {
+// hostCopy is a queued copy between host memory and the pool.
+type hostCopy struct {
+	item     int
+	dst, src []byte
+}
+
+// Host copies of a batch are spread over up to maxCopyWorkers goroutines
+// (and GOMAXPROCS) once they hold parallelCopyMin bytes, in chunks of at
+// most copyChunk bytes.
+const (
+	maxCopyWorkers  = 8
+	parallelCopyMin = 2 << 20
+	copyChunk       = 1 << 20
+)
+
+// toPool queues the copy of n bytes at l into o at objOff for item.
+func (b *copyBatch) toPool(item int, l loc, o *object, objOff, n uint64) {
 	r := l.r
 	if r.kind == gpuRegion {
 		b.queue(item, GPUCopy{Device: r.device, GPU: r.ptr + uintptr(l.off), Pool: b.s.pool.addr(o, objOff), N: n, ToPool: true})
-		return nil
+		return
 	}
-	return safeCopy(b.s.pool.view(o, objOff, n), r.mem[l.off:l.off+n])
+	b.queueHost(item, b.s.pool.view(o, objOff, n), r.mem[l.off:l.off+n])
 }
 
-// fromPool copies n bytes of o at objOff to l for item, as toPool.
-func (b *copyBatch) fromPool(item int, o *object, objOff uint64, l loc, n uint64) error {
+// fromPool queues the copy of n bytes of o at objOff to l for item.
+func (b *copyBatch) fromPool(item int, o *object, objOff uint64, l loc, n uint64) {
 	r := l.r
 	if r.kind == gpuRegion {
 		b.queue(item, GPUCopy{Device: r.device, GPU: r.ptr + uintptr(l.off), Pool: b.s.pool.addr(o, objOff), N: n})
-		return nil
+		return
 	}
-	return safeCopy(r.mem[l.off:l.off+n], b.s.pool.view(o, objOff, n))
+	b.queueHost(item, r.mem[l.off:l.off+n], b.s.pool.view(o, objOff, n))
 }
 
 func (b *copyBatch) queue(item int, c GPUCopy) {
@@ -61,9 +81,79 @@ func (b *copyBatch) queue(item int, c GPUCopy) {
 	b.items = append(b.items, item)
 }
 
-// wait makes the queued GPU copies and calls failed once for each item one
-// of whose copies failed, with that copy's error. The batch is then empty.
+func (b *copyBatch) queueHost(item int, dst, src []byte) {
+	b.host = append(b.host, hostCopy{item: item, dst: dst, src: src})
+	b.bytes += uint64(len(src))
+}
+
+// copyHost makes the queued host copies and returns each one's error (nil
+// when all succeeded).
+func (b *copyBatch) copyHost() []error {
+	if len(b.host) == 0 {
+		return nil
+	}
+	workers := min(runtime.GOMAXPROCS(0), maxCopyWorkers, int(b.bytes/copyChunk)+1)
+	if b.bytes < parallelCopyMin || workers < 2 {
+		var errs []error
+		for i, c := range b.host {
+			if err := safeCopy(c.dst, c.src); err != nil {
+				if errs == nil {
+					errs = make([]error, len(b.host))
+				}
+				errs[i] = err
+			}
+		}
+		return errs
+	}
+	// Chunks of at most copyChunk bytes, taken in turn by the workers.
+	type chunk struct{ copy, lo, hi int }
+	var chunks []chunk
+	for i, c := range b.host {
+		for lo := 0; lo < len(c.src); lo += copyChunk {
+			chunks = append(chunks, chunk{i, lo, min(lo+copyChunk, len(c.src))})
+		}
+	}
+	var next atomic.Int64
+	var mu sync.Mutex
+	var errs []error
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for {
+				k := int(next.Add(1)) - 1
+				if k >= len(chunks) {
+					return
+				}
+				ch := chunks[k]
+				c := b.host[ch.copy]
+				if err := safeCopy(c.dst[ch.lo:ch.hi], c.src[ch.lo:ch.hi]); err != nil {
+					mu.Lock()
+					if errs == nil {
+						errs = make([]error, len(b.host))
+					}
+					errs[ch.copy] = err
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return errs
+}
+
+// wait makes the queued copies and calls failed once for each item one of
+// whose copies failed, with that copy's error. The batch is then empty.
 func (b *copyBatch) wait(failed func(item int, err error)) {
+	hostErrs := b.copyHost()
+	last := -1
+	for i, err := range hostErrs {
+		if err != nil && b.host[i].item != last {
+			last = b.host[i].item
+			failed(last, err)
+		}
+	}
+	clear(b.host)
+	b.host, b.bytes = b.host[:0], 0
 	if len(b.gpu) == 0 {
 		return
 	}
@@ -76,7 +166,7 @@ func (b *copyBatch) wait(failed func(item int, err error)) {
 			errs[i] = err
 		}
 	}
-	last := -1
+	last = -1
 	for i, err := range errs {
 		if err == nil || b.items[i] == last {
 			continue
@@ -95,18 +185,19 @@ func (b *copyBatch) wait(failed func(item int, err error)) {
 // toPool copies n bytes at l into o at objOff.
 func (s *Server) toPool(l loc, o *object, objOff, n uint64) error {
 	b := copyBatch{s: s}
-	return b.one(b.toPool(0, l, o, objOff, n))
+	b.toPool(0, l, o, objOff, n)
+	return b.one()
 }
 
 // fromPool copies n bytes of o at objOff to l.
 func (s *Server) fromPool(o *object, objOff uint64, l loc, n uint64) error {
 	b := copyBatch{s: s}
-	return b.one(b.fromPool(0, o, objOff, l, n))
+	b.fromPool(0, o, objOff, l, n)
+	return b.one()
 }
 
-// one ends a batch of one copy: the host copy's error err, or else the
-// queued GPU copy's.
-func (b *copyBatch) one(err error) error {
+// one makes a batch of one copy and returns its error.
+func (b *copyBatch) one() (err error) {
 	b.wait(func(_ int, e error) { err = e })
 	return err
 }

@@ -121,8 +121,9 @@ func (s *Server) batchPutRanges(req *umbppb.BatchRangeDataRequest) []bool {
 		seen[k]++
 	}
 	objOffs, sizes, objSizes := req.GetObjectOffsets(), req.GetSizes(), req.GetObjectSizes()
-	// Objects are reserved and filled in turn; their GPU copies are made
-	// together, and they are published (or aborted) once those are done.
+	// Objects are reserved and their copies queued in turn; the copies are
+	// made together, and the objects published (or aborted) once they are
+	// done.
 	var objs []batchObject
 	b := copyBatch{s: s}
 	finish := func() {
@@ -164,10 +165,7 @@ func (s *Server) batchPutRanges(req *umbppb.BatchRangeDataRequest) []bool {
 		item := len(objs)
 		objs = append(objs, batchObject{i: i, o: o})
 		for j := lo; j < hi; j++ {
-			if err := b.toPool(item, locs[j], o, objOffs[j], sizes[j]); err != nil {
-				objs[item].err = err
-				break
-			}
+			b.toPool(item, locs[j], o, objOffs[j], sizes[j])
 		}
 	}
 	finish()
@@ -185,7 +183,7 @@ func (s *Server) batchGetRanges(req *umbppb.BatchRangeDataRequest) []bool {
 	defer l.release()
 
 	objOffs, sizes := req.GetObjectOffsets(), req.GetSizes()
-	// Objects stay acquired until their GPU copies are done.
+	// Objects stay acquired until their copies are done.
 	var objs []batchObject
 	b := copyBatch{s: s}
 	for i, key := range keys {
@@ -204,10 +202,7 @@ func (s *Server) batchGetRanges(req *umbppb.BatchRangeDataRequest) []bool {
 		item := len(objs)
 		objs = append(objs, batchObject{i: i, o: o})
 		for j := lo; j < hi; j++ {
-			if err := b.fromPool(item, o, objOffs[j], locs[j], sizes[j]); err != nil {
-				objs[item].err = err
-				break
-			}
+			b.fromPool(item, o, objOffs[j], locs[j], sizes[j])
 		}
 	}
 	b.wait(func(item int, err error) { objs[item].err = err })

@@ -140,13 +140,44 @@ func (s *Server) batchPut(keys []string, client string, offs, sizes, bases []uin
 	}
 	defer l.release()
 	batch := s.pool.newBatch()
+	// Objects are reserved and their copies queued in turn; the copies are
+	// made together, and the objects published in order (a later entry of
+	// the same key replaces an earlier one) once they are done.
+	var objs []batchObject
+	b := copyBatch{s: s}
+	finish := func() {
+		b.wait(func(item int, err error) { objs[item].err = err })
+		for _, p := range objs {
+			if p.err != nil {
+				s.log.Warn("umbp server: batch put", "key", keys[p.i], "client", client, "err", p.err)
+				s.pool.abort(p.o)
+				continue
+			}
+			s.pool.publish(keys[p.i], p.o)
+			res[p.i] = true
+		}
+		objs = objs[:0]
+	}
 	for i, k := range keys {
-		err := s.store(k, locs[i], sizes[i], batch)
+		if !s.pool.wants(k, batch) {
+			res[i] = true // stored already: the first value stays
+			continue
+		}
+		o, err := s.pool.reserve(sizes[i], batch)
+		if err != nil && len(objs) > 0 {
+			// The objects still being filled cannot be evicted: finish
+			// them, then try again.
+			finish()
+			o, err = s.pool.reserve(sizes[i], batch)
+		}
 		if err != nil {
 			s.log.Debug("umbp server: batch put", "key", k, "err", err)
+			continue
 		}
-		res[i] = err == nil
+		objs = append(objs, batchObject{i: i, o: o})
+		b.toPool(len(objs)-1, locs[i], o, 0, sizes[i])
 	}
+	finish()
 	return res
 }
 
@@ -195,8 +226,29 @@ func (v *service) BatchGet(_ context.Context, req *umbppb.BatchDataRequest) (*um
 		return &umbppb.BatchBoolResponse{Ok: res}, nil
 	}
 	defer l.release()
+	// Objects stay acquired until their copies, made together, are done.
+	var objs []batchObject
+	b := copyBatch{s: s}
 	for i, k := range keys {
-		res[i] = s.fetch(k, locs[i], spans[i].size)
+		o := s.pool.acquire(k)
+		if o == nil {
+			continue
+		}
+		if o.size != spans[i].size {
+			s.pool.release(o)
+			continue
+		}
+		objs = append(objs, batchObject{i: i, o: o})
+		b.fromPool(len(objs)-1, o, 0, locs[i], o.size)
+	}
+	b.wait(func(item int, err error) { objs[item].err = err })
+	for _, p := range objs {
+		s.pool.release(p.o)
+		if p.err != nil {
+			s.log.Warn("umbp server: batch get", "key", keys[p.i], "err", p.err)
+			continue
+		}
+		res[p.i] = true
 	}
 	return &umbppb.BatchBoolResponse{Ok: res}, nil
 }

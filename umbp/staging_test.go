@@ -1,0 +1,44 @@
+package umbp_test
+
+import (
+	"testing"
+
+	"github.com/umbp-go/umbp-go/umbp"
+	"github.com/umbp-go/umbp-go/umbp/umbptest"
+)
+
+// TestStagingPreparedAtRegistration: on a server without ranged I/O, a
+// handle whose layout makes multi-range blocks registers its staging buffer
+// when it registers its memory, so the first staged store registers
+// nothing on the engine's step.
+func TestStagingPreparedAtRegistration(t *testing.T) {
+	srv := newServer(t, umbptest.Options{Version: 1})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	e := newEngine(t, rt, 4, 8, 1024) // four layers: four ranges a block
+	if n := srv.Calls(umbptest.FDHandoff); n != 2 {
+		t.Fatalf("%d fd handoffs at registration, want 2 (the KV buffer and a staging buffer)", n)
+	}
+	plans := e.plans(t, "first", 0, 1, 2, 3, 4, 5, 6, 7)
+	e.fill(plans, 7)
+	job := e.w.Store(plans)
+	waitJob(t, e.w, job)
+	if job.Status() != umbp.JobCompleted {
+		t.Fatalf("first staged store: %s %v", job.Status(), job.Err())
+	}
+	if n := srv.Calls(umbptest.FDHandoff); n != 2 {
+		t.Fatalf("%d fd handoffs after the first staged store, want still 2", n)
+	}
+
+	// One range a block: nothing to stage, nothing prepared.
+	srv2 := newServer(t, umbptest.Options{Version: 1})
+	newEngine(t, newRuntime(t, testConfig(t, srv2.Endpoint())), 1, 8, 1024)
+	if n := srv2.Calls(umbptest.FDHandoff); n != 1 {
+		t.Fatalf("%d fd handoffs for a one-range layout, want 1", n)
+	}
+	// A server with ranged I/O needs no staging.
+	srv3 := newServer(t, umbptest.Options{})
+	newEngine(t, newRuntime(t, testConfig(t, srv3.Endpoint())), 4, 8, 1024)
+	if n := srv3.Calls(umbptest.FDHandoff); n != 1 {
+		t.Fatalf("%d fd handoffs on a ranged server, want 1", n)
+	}
+}
