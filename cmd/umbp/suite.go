@@ -1,0 +1,235 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/umbp-go/umbp-go/umbp"
+)
+
+// The standard suite: the workload of MORI's own C++ bench client
+// (umbp_bench), through this module's public API, printed under the same
+// names, so that one script can put the C++ client and this one side by
+// side on one server process:
+//
+//   - exists_{1,64,1024}_us: the median of existsReps lookups of that many
+//     keys, all held (1024 objects of 4 KiB stored first), after 10 unmeasured;
+//   - put/get_64KiBx256_GBps, put/get_4MiBx64_GBps: the median of bwReps
+//     jobs of that many objects of one range each (the pool is cleared,
+//     unmeasured, before each store; the destination zeroed before each
+//     load);
+//   - put/get_ranges_256x32x2KiB_GBps: 256 objects of 32 ranges of 2 KiB,
+//     range j of object i at slot j·256+i of the buffer, as a layer-major KV
+//     cache.
+//
+// Every loaded byte is checked ("verify ok"). A store is Store and Wait,
+// its Flush included where the server needs one.
+
+// suiteConfig sizes the suite; the zero scale is the standard workload.
+type suiteConfig struct {
+	existsReps int
+	bwReps     int
+	scale      int // divides every object size (tests); 0 means 1
+}
+
+// suiteLine is one figure of the suite.
+type suiteLine struct {
+	Name  string  `json:"name"`
+	Value float64 `json:"value"`
+}
+
+// suite runs the standard workload on rt and writes each figure to out as
+// it is measured. The pool is cleared before and after.
+func suite(ctx context.Context, rt *umbp.StandaloneRuntime, sc suiteConfig, out func(suiteLine)) error {
+	scale := uint64(max(sc.scale, 1))
+	half := uint64(256<<20) / scale
+	sched, err := rt.NewSchedulerHandle(ctx, "bench", umbp.RankTopology{}, nil)
+	if err != nil {
+		return err
+	}
+	defer sched.Close()
+	w, err := rt.NewWorkerHandle(ctx, "bench", umbp.RankTopology{}, nil)
+	if err != nil {
+		return err
+	}
+	hb, err := umbp.NewHostBuffer(int(2 * half))
+	if err != nil {
+		_ = w.Close()
+		return err
+	}
+	defer func() {
+		if w.Close() == nil { // memory the server may still use is kept
+			_ = hb.Close()
+		}
+	}()
+	mem := hb.Bytes()
+	src, dst := mem[:half], mem[half:]
+	for i := 0; i+8 <= len(src); i += 8 {
+		binary.LittleEndian.PutUint64(src[i:], uint64(i)*0x9E3779B97F4A7C15^0x5bd1e995)
+	}
+	if err := w.RegisterBuffers(ctx, map[string]umbp.Buffer{"bench": hb.Buffer()}); err != nil {
+		return err
+	}
+	if !sched.Clear(ctx) {
+		return fmt.Errorf("the server did not clear its pool")
+	}
+	defer sched.Clear(context.WithoutCancel(ctx))
+	base := hb.Buffer().Ptr
+	plan := func(key string, ranges []umbp.KVRange) umbp.BlockTransferPlan {
+		return umbp.BlockTransferPlan{Key: key, Ranges: ranges}
+	}
+	one := func(off, size uint64) []umbp.KVRange {
+		return []umbp.KVRange{{LayerName: "bench", BaseAddress: base + uintptr(off), Length: size}}
+	}
+	do := func(what string, job *umbp.TransferJob) (time.Duration, error) {
+		start := time.Now()
+		if err := w.Wait(ctx, job); err != nil {
+			return 0, fmt.Errorf("%s: %w", what, err)
+		}
+		return time.Since(start), nil
+	}
+
+	// Lookups.
+	const existsObjects = 1024
+	existsSize := 4096 / scale
+	keys := make([]string, existsObjects)
+	plans := make([]umbp.BlockTransferPlan, existsObjects)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("bench-exists-%d", i)
+		plans[i] = plan(keys[i], one(uint64(i)*existsSize, existsSize))
+	}
+	if _, err := do("store the keys to look up", w.Store(plans)); err != nil {
+		return err
+	}
+	for _, n := range []int{1, 64, 1024} {
+		var us []float64
+		for i := range sc.existsReps + 10 {
+			start := time.Now()
+			hits := sched.Lookup(ctx, keys[:n])
+			took := time.Since(start)
+			if slices.Contains(hits, false) {
+				return fmt.Errorf("exists_%d: a stored key missed (the server stalled or evicted it)", n)
+			}
+			if i >= 10 {
+				us = append(us, float64(took.Nanoseconds())/1e3)
+			}
+		}
+		out(suiteLine{fmt.Sprintf("exists_%d_us", n), median(us)})
+	}
+
+	// Bandwidth: store bwReps times (new keys each), then load as often.
+	bandwidth := func(tag string, n int, size uint64, ranges func(i int, off uint64) []umbp.KVRange) error {
+		total := uint64(n) * size
+		storePlans := make([]umbp.BlockTransferPlan, n)
+		loadPlans := make([]umbp.BlockTransferPlan, n)
+		var put, get []float64
+		for r := range sc.bwReps {
+			if !sched.Clear(ctx) {
+				return fmt.Errorf("%s: the server did not clear its pool", tag)
+			}
+			for i := range n {
+				key := fmt.Sprintf("bench-%s-%d-%d", tag, r, i)
+				storePlans[i] = plan(key, ranges(i, 0))
+				loadPlans[i] = plan(key, ranges(i, half))
+			}
+			took, err := do("put_"+tag, w.Store(storePlans))
+			if err != nil {
+				return err
+			}
+			put = append(put, float64(total)/float64(took.Nanoseconds()))
+		}
+		for range sc.bwReps {
+			clear(dst[:total])
+			took, err := do("get_"+tag, w.Load(loadPlans))
+			if err != nil {
+				return err
+			}
+			get = append(get, float64(total)/float64(took.Nanoseconds()))
+		}
+		if !bytes.Equal(src[:total], dst[:total]) {
+			return fmt.Errorf("get_%s: the loaded bytes differ from the stored ones", tag)
+		}
+		out(suiteLine{"put_" + tag + "_GBps", median(put)})
+		out(suiteLine{"get_" + tag + "_GBps", median(get)})
+		return nil
+	}
+	contiguous := func(size uint64) func(int, uint64) []umbp.KVRange {
+		return func(i int, off uint64) []umbp.KVRange { return one(off+uint64(i)*size, size) }
+	}
+	if err := bandwidth("64KiBx256", 256, (64<<10)/scale, contiguous((64<<10)/scale)); err != nil {
+		return err
+	}
+	if err := bandwidth("4MiBx64", 64, (4<<20)/scale, contiguous((4<<20)/scale)); err != nil {
+		return err
+	}
+	const objects, layers = 256, 32
+	rs := 2048 / scale
+	scattered := func(i int, off uint64) []umbp.KVRange {
+		rr := make([]umbp.KVRange, layers)
+		for j := range rr {
+			rr[j] = umbp.KVRange{LayerName: "bench", BaseAddress: base + uintptr(off+uint64(j*objects+i)*rs), Length: rs, ObjectOffset: uint64(j) * rs}
+		}
+		return rr
+	}
+	if err := bandwidth("ranges_256x32x2KiB", objects, layers*rs, scattered); err != nil {
+		return err
+	}
+	out(suiteLine{"verify ok", 0})
+	return nil
+}
+
+// printSuiteLine writes a figure as umbp_bench does: its name, a space and
+// the value ("verify ok" alone).
+func printSuiteLine(w io.Writer, l suiteLine) {
+	if l.Name == "verify ok" {
+		fmt.Fprintln(w, l.Name)
+		return
+	}
+	fmt.Fprintf(w, "%s %.2f\n", l.Name, l.Value)
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if n := len(s); n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[len(s)/2]
+}
+
+// runSuite runs the standard suite for bench -suite.
+func runSuite(ctx context.Context, e env, c *common, sc suiteConfig, asJSON bool) error {
+	if sc.existsReps <= 0 || sc.bwReps <= 0 {
+		return fmt.Errorf("%w: -exists-reps and -bw-reps must be positive", errUsage)
+	}
+	rt, err := umbp.NewStandaloneRuntime(c.config())
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	var lines []suiteLine
+	err = suite(ctx, rt, sc, func(l suiteLine) {
+		if asJSON {
+			lines = append(lines, l)
+		} else {
+			printSuiteLine(e.stdout, l)
+		}
+	})
+	if asJSON {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		if jerr := enc.Encode(lines); jerr != nil {
+			return errors.Join(err, jerr)
+		}
+	}
+	return err
+}

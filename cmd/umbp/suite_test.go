@@ -1,0 +1,56 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/umbp-go/umbp-go/umbp"
+	"github.com/umbp-go/umbp-go/umbp/umbptest"
+)
+
+// The suite prints umbp_bench's figures, in its order, on servers with and
+// without ranged I/O (scaled down: the standard one moves 512 MiB).
+func TestSuite(t *testing.T) {
+	want := []string{
+		"exists_1_us", "exists_64_us", "exists_1024_us",
+		"put_64KiBx256_GBps", "get_64KiBx256_GBps",
+		"put_4MiBx64_GBps", "get_4MiBx64_GBps",
+		"put_ranges_256x32x2KiB_GBps", "get_ranges_256x32x2KiB_GBps",
+		"verify ok",
+	}
+	for _, opts := range []umbptest.Options{{}, {Version: 1}} {
+		srv := umbptest.NewServer(t, opts)
+		rt, err := umbp.NewStandaloneRuntime(umbp.Config{Endpoint: srv.Endpoint()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		var got []string
+		err = suite(t.Context(), rt, suiteConfig{existsReps: 2, bwReps: 2, scale: 64}, func(l suiteLine) {
+			got = append(got, l.Name)
+			if l.Name != "verify ok" && l.Value <= 0 {
+				t.Errorf("version %d: %s = %v", opts.Version, l.Name, l.Value)
+			}
+			printSuiteLine(&out, l)
+		})
+		if err != nil {
+			t.Fatalf("version %d: %v", opts.Version, err)
+		}
+		if strings.Join(got, ",") != strings.Join(want, ",") {
+			t.Fatalf("version %d: figures %q, want %q", opts.Version, got, want)
+		}
+		if lines := strings.Split(strings.TrimSpace(out.String()), "\n"); len(lines) != len(want) || !strings.HasPrefix(lines[0], "exists_1_us ") {
+			t.Fatalf("version %d: output\n%s", opts.Version, out.String())
+		}
+		if s := srv.Stats(); s.Objects != 0 || s.Regions != 0 {
+			t.Errorf("version %d: the suite left %d objects and %d regions", opts.Version, s.Objects, s.Regions)
+		}
+	}
+}
+
+func TestSuiteFlags(t *testing.T) {
+	srv := umbptest.NewServer(t, umbptest.Options{})
+	_, stderr := mustRun(t, exitUsage, "", "bench", "-endpoint", srv.Endpoint(), "-suite", "-bw-reps", "0")
+	mustContain(t, "bench -suite", stderr, "-bw-reps")
+}
