@@ -59,13 +59,14 @@ func TestCutParts(t *testing.T) {
 		return conn.Object{Size: size, Ranges: make([]conn.Range, ranges)}
 	}
 	var objs []conn.Object
+	q := partRanges * 300 / 1024 // 3 of these fall short of a part, 4 make one
 	for range 10 {
-		objs = append(objs, obj(300, 1<<20)) // 4 of these make 1200 ranges: a part
+		objs = append(objs, obj(q, 1<<20))
 	}
 	for range 3 {
 		objs = append(objs, obj(1, 16<<20))
 	}
-	objs = append(objs, obj(2000, 1))
+	objs = append(objs, obj(2*partRanges, 1))
 	// Objects 8-11 close on bytes (2 MiB, then 16 more twice); 12 and 13 on
 	// ranges; the last part is what is left.
 	want := []part{{0, 4}, {4, 8}, {8, 12}, {12, 14}}

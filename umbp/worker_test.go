@@ -497,7 +497,7 @@ func TestFallbackKeyErrors(t *testing.T) {
 func TestTransferInParts(t *testing.T) {
 	srv := newServer(t, umbptest.Options{})
 	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
-	const layers, blocks = 32, 96 // 3072 ranges: 3 parts
+	const layers, blocks = 32, 600 // 19200 ranges: 3 parts of at most 8192
 	a := newEngine(t, rt, layers, blocks, 256)
 	b := newEngine(t, rt, layers, blocks, 256)
 	plans := a.plans(t, "parts", ids(blocks)...)
