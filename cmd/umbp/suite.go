@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -212,7 +213,13 @@ func runSuite(ctx context.Context, e env, c *common, sc suiteConfig, asJSON bool
 	if sc.existsReps <= 0 || sc.bwReps <= 0 {
 		return fmt.Errorf("%w: -exists-reps and -bw-reps must be positive", errUsage)
 	}
-	rt, err := umbp.NewStandaloneRuntime(c.config())
+	cfg := c.config()
+	if !c.verbose {
+		// The suite clears the pool before every store; each clear would
+		// warn that it removed every engine's KV.
+		cfg.Logger = slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	}
+	rt, err := umbp.NewStandaloneRuntime(cfg)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
