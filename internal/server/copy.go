@@ -9,20 +9,6 @@ import (
 	"time"
 )
 
-// safeCopy copies src to dst, turning a memory fault into an error. A client
-// may shrink its memfd after registering it; touching the pages past the new
-// end raises SIGBUS, which must fail the op, not crash the server.
-func safeCopy(dst, src []byte) (err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("server: memory fault while copying %d bytes: %v", len(src), r)
-		}
-	}()
-	copy(dst, src)
-	return nil
-}
-
 // copyBatch makes one request's copies between regions and the pool. Copies
 // are queued and made together by wait: GPU copies in one call of the
 // backend, so that an object of many ranges, or a batch of many objects,
@@ -87,58 +73,123 @@ func (b *copyBatch) queueHost(item int, dst, src []byte) {
 }
 
 // copyHost makes the queued host copies and returns each one's error (nil
-// when all succeeded).
+// when all succeeded). The copies are cut into units of about copyChunk
+// bytes (many small copies, or a piece of a large one); with enough bytes,
+// several goroutines take units in turn.
 func (b *copyBatch) copyHost() []error {
 	if len(b.host) == 0 {
 		return nil
 	}
-	workers := min(runtime.GOMAXPROCS(0), maxCopyWorkers, int(b.bytes/copyChunk)+1)
-	if b.bytes < parallelCopyMin || workers < 2 {
-		var errs []error
-		for i, c := range b.host {
-			if err := safeCopy(c.dst, c.src); err != nil {
-				if errs == nil {
-					errs = make([]error, len(b.host))
+	var units []copyUnit
+	cur := copyUnit{first: 0, lo: 0}
+	var curBytes int
+	for i, c := range b.host {
+		for lo := 0; lo < len(c.src); {
+			hi := min(len(c.src), lo+copyChunk-curBytes)
+			curBytes += hi - lo
+			lo = hi
+			if curBytes >= copyChunk {
+				cur.last, cur.hi = i, hi
+				units = append(units, cur)
+				cur, curBytes = copyUnit{first: i, lo: hi}, 0
+				if hi == len(c.src) {
+					cur = copyUnit{first: i + 1, lo: 0}
 				}
-				errs[i] = err
 			}
+		}
+	}
+	if curBytes > 0 {
+		last := len(b.host) - 1
+		cur.last, cur.hi = last, len(b.host[last].src)
+		units = append(units, cur)
+	}
+	var mu sync.Mutex
+	var errs []error
+	record := func(faults []copyFault) {
+		if len(faults) == 0 {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if errs == nil {
+			errs = make([]error, len(b.host))
+		}
+		for _, f := range faults {
+			errs[f.copy] = f.err
+		}
+	}
+	workers := min(runtime.GOMAXPROCS(0), maxCopyWorkers, len(units))
+	if b.bytes < parallelCopyMin || workers < 2 {
+		for _, u := range units {
+			record(b.copyUnit(u))
 		}
 		return errs
 	}
-	// Chunks of at most copyChunk bytes, taken in turn by the workers.
-	type chunk struct{ copy, lo, hi int }
-	var chunks []chunk
-	for i, c := range b.host {
-		for lo := 0; lo < len(c.src); lo += copyChunk {
-			chunks = append(chunks, chunk{i, lo, min(lo+copyChunk, len(c.src))})
-		}
-	}
 	var next atomic.Int64
-	var mu sync.Mutex
-	var errs []error
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
 			for {
 				k := int(next.Add(1)) - 1
-				if k >= len(chunks) {
+				if k >= len(units) {
 					return
 				}
-				ch := chunks[k]
-				c := b.host[ch.copy]
-				if err := safeCopy(c.dst[ch.lo:ch.hi], c.src[ch.lo:ch.hi]); err != nil {
-					mu.Lock()
-					if errs == nil {
-						errs = make([]error, len(b.host))
-					}
-					errs[ch.copy] = err
-					mu.Unlock()
-				}
+				record(b.copyUnit(units[k]))
 			}
 		})
 	}
 	wg.Wait()
 	return errs
+}
+
+// copyFault is a queued host copy that a memory fault stopped.
+type copyFault struct {
+	copy int
+	err  error
+}
+
+// copyUnit is the bytes of queued host copies first to last that one
+// goroutine copies: from byte lo of copy first to byte hi of copy last.
+type copyUnit struct {
+	first, lo int
+	last, hi  int
+}
+
+// copyUnit makes u's copies and returns those a memory fault stopped (a
+// client may shrink its memfd after registering it: touching the pages
+// past its new end must fail the op, not crash the server).
+func (b *copyBatch) copyUnit(u copyUnit) (faults []copyFault) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	i := u.first
+	for i <= u.last {
+		if err := b.copyFrom(u, &i); err != nil {
+			faults = append(faults, copyFault{i, err})
+			i++
+		}
+	}
+	return faults
+}
+
+// copyFrom copies u's copies from *i on, advancing *i; a memory fault
+// stops it with *i at the copy that faulted.
+func (b *copyBatch) copyFrom(u copyUnit, i *int) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("server: memory fault while copying %d bytes: %v", len(b.host[*i].src), r)
+		}
+	}()
+	for ; *i <= u.last; *i++ {
+		c := b.host[*i]
+		lo, hi := 0, len(c.src)
+		if *i == u.first {
+			lo = u.lo
+		}
+		if *i == u.last {
+			hi = u.hi
+		}
+		copy(c.dst[lo:hi], c.src[lo:hi])
+	}
+	return nil
 }
 
 // wait makes the queued copies and calls failed once for each item one of
