@@ -21,9 +21,10 @@ test-short:
 demo:
 	$(GO) run ./examples/offload
 
-# The operator's tool (ping, lookup, key, clear, bench) as bin/umbp.
+# The operator's tool (ping, lookup, key, clear, bench) as bin/umbp, and the
+# Go server as bin/umbp-standalone-server.
 tool:
-	$(GO) build -o bin/umbp ./cmd/umbp
+	$(GO) build -o bin/ ./cmd/...
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2s -count 5 ./...
@@ -46,7 +47,7 @@ FUZZ_TARGETS := \
 	./umbp/vllmhash:FuzzPickle \
 	./umbp/vllmhash:FuzzUnpickle \
 	./umbp/vllmhash:FuzzChain \
-	./examples/standalone-server:FuzzParseSize \
+	./cmd/umbp-standalone-server:FuzzParseSize \
 	./cmd/umbp:FuzzFlagValues
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
@@ -84,7 +85,7 @@ gpu-check:
 	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -c -ldflags='-s -w' -o $(GPU_CHECK)/hip.test ./internal/hip
 	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -c -ldflags='-s -w' -o $(GPU_CHECK)/server.test ./internal/server
 	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -c -ldflags='-s -w' -o $(GPU_CHECK)/umbp.test ./umbp
-	CGO_ENABLED=1 GOARCH=amd64 $(GO) build -ldflags='-s -w' -o $(GPU_CHECK)/standalone-server ./examples/standalone-server
+	CGO_ENABLED=1 GOARCH=amd64 $(GO) build -ldflags='-s -w' -o $(GPU_CHECK)/umbp-standalone-server ./cmd/umbp-standalone-server
 	install -m 0755 scripts/gpu-check.sh $(GPU_CHECK)/run.sh
 	(git describe --always --dirty 2>/dev/null || echo unknown) >$(GPU_CHECK)/BUILD
 
@@ -96,6 +97,6 @@ gpu-race:
 	rm -rf $(GPU_RACE) && mkdir -p $(GPU_RACE)
 	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -race -c -ldflags='-s -w' -o $(GPU_RACE)/server.test ./internal/server
 	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -race -c -ldflags='-s -w' -o $(GPU_RACE)/umbp.test ./umbp
-	CGO_ENABLED=1 GOARCH=amd64 $(GO) build -race -ldflags='-s -w' -o $(GPU_RACE)/standalone-server ./examples/standalone-server
+	CGO_ENABLED=1 GOARCH=amd64 $(GO) build -race -ldflags='-s -w' -o $(GPU_RACE)/umbp-standalone-server ./cmd/umbp-standalone-server
 	install -m 0755 scripts/gpu-race.sh $(GPU_RACE)/run.sh
 	(git describe --always --dirty 2>/dev/null || echo unknown) >$(GPU_RACE)/BUILD
