@@ -25,13 +25,12 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"sort"
 	"text/tabwriter"
 	"time"
 
-	"github.com/umbp-go/umbp-go/internal/server"
 	"github.com/umbp-go/umbp-go/umbp"
+	"github.com/umbp-go/umbp-go/umbp/umbptest"
 )
 
 func main() {
@@ -57,27 +56,17 @@ func main() {
 }
 
 func run(endpoint string, blocks, layers, blockBytes int, lookupTO, timeout time.Duration, log *slog.Logger) error {
-	var gate *stallGate
+	var srv *umbptest.Server
 	if endpoint == "" {
-		dir, err := os.MkdirTemp("", "umbp-offload")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(dir)
-		gate = newStallGate()
-		srv, err := server.New(server.Options{
-			Endpoint:         filepath.Join(dir, "node0.grpc.sock"),
-			Capacity:         uint64(2*blocks*layers*blockBytes) + 64<<20,
-			Prefault:         true,
-			Logger:           log,
-			UnaryInterceptor: gate.intercept,
-			FDGate:           gate.wait,
+		var err error
+		srv, err = umbptest.Start(umbptest.Options{
+			Capacity: uint64(2*blocks*layers*blockBytes) + 64<<20,
+			Logger:   log,
 		})
 		if err != nil {
 			return err
 		}
 		defer srv.Close()
-		defer gate.resume()
 		endpoint = srv.Endpoint()
 		fmt.Printf("started the Go server in-process at %s\n", endpoint)
 	}
@@ -181,14 +170,14 @@ func run(endpoint string, blocks, layers, blockBytes int, lookupTO, timeout time
 	fmt.Fprintf(tw, "lookup (median of 20)\t%d\t\t\t%v\t\t\n", blocks, median(lat).Round(time.Microsecond))
 	tw.Flush()
 
-	if gate == nil {
+	if srv == nil {
 		fmt.Println("\n(an external server: skipping the stall demonstration)")
 		return nil
 	}
 
 	// The server stalls.
 	fmt.Println("\nthe server stalls:")
-	gate.stall()
+	srv.Stall()
 	t0 := time.Now()
 	got := sched.Lookup(ctx, keys)
 	fmt.Printf("  lookup answered %d hits of %d in %v (LookupTimeout %v)\n", count(got), blocks, time.Since(t0).Round(time.Millisecond), lookupTO)
@@ -209,7 +198,7 @@ func run(endpoint string, blocks, layers, blockBytes int, lookupTO, timeout time
 	fmt.Printf("  engine A's next transfer fails at once, not attempted (%v): %s\n", errors.Is(err, umbp.ErrNotAttempted), refused.KeyErr(0))
 
 	fmt.Println("the server resumes:")
-	gate.resume()
+	srv.Resume()
 	<-stuck.Done()
 	fmt.Printf("  the blocked store ended %s\n", stuck.Status())
 	deadline := time.Now().Add(10 * time.Second)
