@@ -18,8 +18,11 @@ test:
 test-short:
 	$(GO) test -short -count=1 ./...
 
+# The first build compiles gRPC and the rest of the module: a minute or two.
 demo:
-	$(GO) run ./examples/offload
+	@echo "building examples/offload (the first build takes a minute or two)..."
+	@$(GO) build -o bin/offload ./examples/offload
+	@bin/offload
 
 # The operator's tool (ping, lookup, key, clear, bench) as bin/umbp, and the
 # Go server as bin/umbp-standalone-server.
