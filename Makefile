@@ -12,8 +12,11 @@ all: build lint test
 build:
 	$(GO) build ./...
 
+# The contrib modules (their own go.mod each) are tested after the core.
+CONTRIB := contrib/prometheus
 test:
 	$(GO) test -race -count=1 -timeout 10m ./...
+	@set -e; for m in $(CONTRIB); do echo "== $$m"; (cd $$m && $(GO) test -race -count=1 -timeout 10m ./...); done
 
 test-short:
 	$(GO) test -short -count=1 ./...
@@ -37,6 +40,7 @@ lint:
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
+	@set -e; sc=$$($(GO) tool -n staticcheck); for m in $(CONTRIB); do (cd $$m && $(GO) vet ./... && $$sc ./...); done
 
 # Fuzz every decoder and validator for a while each (FUZZTIME=1m for longer).
 # Their seed corpora run in every `make test`.
