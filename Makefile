@@ -13,7 +13,7 @@ build:
 	$(GO) build ./...
 
 # The contrib modules (their own go.mod each) are tested after the core.
-CONTRIB := contrib/prometheus
+CONTRIB := contrib/prometheus contrib/otel
 test:
 	$(GO) test -race -count=1 -timeout 10m ./...
 	@set -e; for m in $(CONTRIB); do echo "== $$m"; (cd $$m && $(GO) test -race -count=1 -timeout 10m ./...); done
