@@ -12,18 +12,25 @@ all: build lint test
 build:
 	$(GO) build ./...
 
+# The contrib modules (their own go.mod each) are tested after the core.
+CONTRIB := contrib/prometheus contrib/otel
 test:
 	$(GO) test -race -count=1 -timeout 10m ./...
+	@set -e; for m in $(CONTRIB); do echo "== $$m"; (cd $$m && $(GO) test -race -count=1 -timeout 10m ./...); done
 
 test-short:
 	$(GO) test -short -count=1 ./...
 
+# The first build compiles gRPC and the rest of the module: a minute or two.
 demo:
-	$(GO) run ./examples/offload
+	@echo "building examples/offload (the first build takes a minute or two)..."
+	@$(GO) build -o bin/offload ./examples/offload
+	@bin/offload
 
-# The operator's tool (ping, lookup, key, clear, bench) as bin/umbp.
+# The operator's tool (ping, lookup, key, clear, bench) as bin/umbp, and the
+# Go server as bin/umbp-standalone-server.
 tool:
-	$(GO) build -o bin/umbp ./cmd/umbp
+	$(GO) build -o bin/ ./cmd/...
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2s -count 5 ./...
@@ -33,6 +40,7 @@ lint:
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
+	@set -e; sc=$$($(GO) tool -n staticcheck); for m in $(CONTRIB); do (cd $$m && $(GO) vet ./... && $$sc ./...); done
 
 # Fuzz every decoder and validator for a while each (FUZZTIME=1m for longer).
 # Their seed corpora run in every `make test`.
@@ -46,7 +54,7 @@ FUZZ_TARGETS := \
 	./umbp/vllmhash:FuzzPickle \
 	./umbp/vllmhash:FuzzUnpickle \
 	./umbp/vllmhash:FuzzChain \
-	./examples/standalone-server:FuzzParseSize \
+	./cmd/umbp-standalone-server:FuzzParseSize \
 	./cmd/umbp:FuzzFlagValues
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
@@ -84,7 +92,7 @@ gpu-check:
 	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -c -ldflags='-s -w' -o $(GPU_CHECK)/hip.test ./internal/hip
 	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -c -ldflags='-s -w' -o $(GPU_CHECK)/server.test ./internal/server
 	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -c -ldflags='-s -w' -o $(GPU_CHECK)/umbp.test ./umbp
-	CGO_ENABLED=1 GOARCH=amd64 $(GO) build -ldflags='-s -w' -o $(GPU_CHECK)/standalone-server ./examples/standalone-server
+	CGO_ENABLED=1 GOARCH=amd64 $(GO) build -ldflags='-s -w' -o $(GPU_CHECK)/umbp-standalone-server ./cmd/umbp-standalone-server
 	install -m 0755 scripts/gpu-check.sh $(GPU_CHECK)/run.sh
 	(git describe --always --dirty 2>/dev/null || echo unknown) >$(GPU_CHECK)/BUILD
 
@@ -96,6 +104,6 @@ gpu-race:
 	rm -rf $(GPU_RACE) && mkdir -p $(GPU_RACE)
 	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -race -c -ldflags='-s -w' -o $(GPU_RACE)/server.test ./internal/server
 	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -race -c -ldflags='-s -w' -o $(GPU_RACE)/umbp.test ./umbp
-	CGO_ENABLED=1 GOARCH=amd64 $(GO) build -race -ldflags='-s -w' -o $(GPU_RACE)/standalone-server ./examples/standalone-server
+	CGO_ENABLED=1 GOARCH=amd64 $(GO) build -race -ldflags='-s -w' -o $(GPU_RACE)/umbp-standalone-server ./cmd/umbp-standalone-server
 	install -m 0755 scripts/gpu-race.sh $(GPU_RACE)/run.sh
 	(git describe --always --dirty 2>/dev/null || echo unknown) >$(GPU_RACE)/BUILD

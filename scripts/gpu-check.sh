@@ -6,7 +6,7 @@
 #
 #   (a) internal/hip against the real runtime, including a two-process IPC
 #       test, and the HIP backend of the server (pinning, copies);
-#   (b) the worker (umbp.test) and the server (standalone-server -gpu on) as
+#   (b) the worker (umbp.test) and the server (umbp-standalone-server -gpu on) as
 #       two processes: GPU blocks stored and loaded byte-exactly (interior
 #       buffers of one allocation, several allocations, many ranges a block,
 #       registration from several handles, AfterStream);
@@ -99,7 +99,7 @@ step() {
 	fi
 }
 
-export UMBP_GPU_SERVER_BIN="$here/standalone-server"
+export UMBP_GPU_SERVER_BIN="$here/umbp-standalone-server"
 
 # Limits: 295 s in all.
 step "(a) internal/hip on the GPU" 60 \

@@ -17,7 +17,7 @@ fi
 if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1' && [ -e /usr/local/nvidia/lib64/libcuda.so.1 ]; then
 	export LD_LIBRARY_PATH="/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-export UMBP_GPU_SERVER_BIN="$PWD/standalone-server"
+export UMBP_GPU_SERVER_BIN="$PWD/umbp-standalone-server"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 status=0

@@ -9,6 +9,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"google.golang.org/grpc/stats"
+
 	"github.com/umbp-go/umbp-go/internal/fdpass"
 )
 
@@ -51,6 +53,12 @@ type Config struct {
 	// its sockets and its process are checked; the check cannot be turned
 	// off otherwise.
 	TrustedUIDs []int
+	// StatsHandler, when not nil, is installed on every handle's gRPC
+	// connection (grpc.WithStatsHandler), reconnections included, to trace
+	// or measure each call: for OpenTelemetry, otelgrpc.NewClientHandler().
+	// It sees the gRPC calls only; the fd handoff is not gRPC. One handler
+	// may serve every handle.
+	StatsHandler stats.Handler
 }
 
 // withDefaults validates c and returns it with defaults filled in and the

@@ -4,29 +4,19 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 
-	"github.com/umbp-go/umbp-go/internal/server"
 	"github.com/umbp-go/umbp-go/umbp"
+	"github.com/umbp-go/umbp-go/umbp/umbptest"
 )
 
-// startExampleServer runs the Go server in a temporary directory; a real
+// startExampleServer runs the Go server in-process (umbptest.Start); a real
 // deployment runs umbp_standalone_server once per host instead.
 func startExampleServer() (endpoint string, stop func()) {
-	dir, err := os.MkdirTemp("", "umbp-example")
+	srv, err := umbptest.Start(umbptest.Options{Capacity: 64 << 20})
 	if err != nil {
 		panic(err)
 	}
-	srv, err := server.New(server.Options{
-		Endpoint: filepath.Join(dir, "node0.grpc.sock"),
-		Capacity: 64 << 20,
-		Logger:   slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		panic(err)
-	}
-	return srv.Endpoint(), func() { srv.Close(); os.RemoveAll(dir) }
+	return srv.Endpoint(), func() { srv.Close() }
 }
 
 // Two engines share KV blocks through one server: engine A stores a block

@@ -27,7 +27,7 @@ import (
 //
 //   - UMBP_GPU_ENDPOINT names a server already running with -gpu on, which
 //     every test then shares;
-//   - else UMBP_GPU_SERVER_BIN names the standalone-server binary, which
+//   - else UMBP_GPU_SERVER_BIN names the umbp-standalone-server binary, which
 //     each test starts with -gpu on;
 //   - else the binary is built with the go command.
 //

@@ -153,7 +153,7 @@ func waitJob(t testing.TB, w *umbp.WorkerHandle, job *umbp.TransferJob) {
 	}
 }
 
-// serverProcess runs examples/standalone-server as a child process.
+// serverProcess runs cmd/umbp-standalone-server as a child process.
 type serverProcess struct {
 	cmd      *exec.Cmd
 	endpoint string
@@ -174,10 +174,10 @@ func serverBinary(t testing.TB) string {
 		if buildErr != nil {
 			return
 		}
-		binPath = filepath.Join(binDir, "standalone-server")
-		out, err := exec.Command("go", "build", "-o", binPath, "../examples/standalone-server").CombinedOutput()
+		binPath = filepath.Join(binDir, "umbp-standalone-server")
+		out, err := exec.Command("go", "build", "-o", binPath, "../cmd/umbp-standalone-server").CombinedOutput()
 		if err != nil {
-			buildErr = fmt.Errorf("build standalone-server: %v\n%s", err, out)
+			buildErr = fmt.Errorf("build umbp-standalone-server: %v\n%s", err, out)
 		}
 	})
 	if buildErr != nil {

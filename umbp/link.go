@@ -88,7 +88,9 @@ type link struct {
 	// no sign of a new server; one opened later is.
 	dials uint64
 
-	state      atomic.Int32 // HandleState
+	state      atomic.Int32 // HandleState; every change is followed by notifyState
+	stateMu    sync.Mutex
+	stateCh    chan struct{} // closed at the next state change; nil until asked for
 	reconnects atomic.Uint64
 	refusals   logLimiter
 	retries    logLimiter
@@ -202,7 +204,9 @@ func (l *link) failed(err error) {
 // shutdown stops the supervising goroutine and waits for it; an attach in
 // progress is cancelled. The connection stays for the caller to close.
 func (l *link) shutdown() {
-	l.state.Store(int32(StateClosed))
+	if HandleState(l.state.Swap(int32(StateClosed))) != StateClosed {
+		l.notifyState()
+	}
 	l.stop()
 	<-l.done
 }
@@ -227,6 +231,7 @@ func (l *link) supervise() {
 			if !l.lost() || !l.state.CompareAndSwap(int32(StateConnected), int32(StateReconnecting)) {
 				continue
 			}
+			l.notifyState()
 			l.log.Warn("UMBP standalone server went away; reconnecting", "endpoint", l.rt.cfg.Endpoint)
 			backoff, nextTry = 0, time.Time{}
 		}
@@ -297,6 +302,7 @@ func (l *link) reattach() error {
 	l.unwatch = l.watch(c)
 	l.mu.Unlock()
 	l.reconnects.Add(1)
+	l.notifyState()
 	l.log.Info("UMBP standalone server is back; reattached", "endpoint", l.rt.cfg.Endpoint, "client_id", c.ClientID())
 	if l.release != nil {
 		l.release(old)
@@ -312,6 +318,40 @@ func (l *link) discard(c *conn.Conn) {
 	defer cancel()
 	_ = c.Deregister(ctx)
 	_ = c.Close()
+}
+
+// notifyState wakes the waiters of waitForStateChange; it runs after every
+// change of state.
+func (l *link) notifyState() {
+	l.stateMu.Lock()
+	defer l.stateMu.Unlock()
+	if l.stateCh != nil {
+		close(l.stateCh)
+		l.stateCh = nil
+	}
+}
+
+// waitForStateChange waits until the state differs from from (true) or ctx
+// ends first (false).
+func (l *link) waitForStateChange(ctx context.Context, from HandleState) bool {
+	for {
+		// The channel is taken before the state is read: a change after
+		// the read closes it.
+		l.stateMu.Lock()
+		if l.stateCh == nil {
+			l.stateCh = make(chan struct{})
+		}
+		ch := l.stateCh
+		l.stateMu.Unlock()
+		if HandleState(l.state.Load()) != from {
+			return true
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return false
+		}
+	}
 }
 
 // capabilities of the current connection.

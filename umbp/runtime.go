@@ -49,6 +49,7 @@ func (r *StandaloneRuntime) dial(ctx context.Context) (*conn.Conn, error) {
 		Tags:           r.cfg.Tags,
 		Logger:         r.cfg.Logger,
 		TrustedUIDs:    r.cfg.TrustedUIDs,
+		StatsHandler:   r.cfg.StatsHandler,
 	})
 	if errors.Is(err, conn.ErrUntrustedServer) {
 		return nil, fmt.Errorf("refusing the UMBP standalone server at %s: %w", r.cfg.Endpoint, err)

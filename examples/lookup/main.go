@@ -15,11 +15,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"time"
 
-	"github.com/umbp-go/umbp-go/internal/server"
 	"github.com/umbp-go/umbp-go/umbp"
+	"github.com/umbp-go/umbp-go/umbp/umbptest"
 )
 
 func main() {
@@ -36,12 +35,7 @@ func main() {
 func run(endpoint string, timeout time.Duration, keys []string, log *slog.Logger) error {
 	ctx := context.Background()
 	if endpoint == "" {
-		dir, err := os.MkdirTemp("", "umbp-lookup")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(dir)
-		srv, err := server.New(server.Options{Endpoint: filepath.Join(dir, "node0.grpc.sock"), Capacity: 64 << 20, Logger: log})
+		srv, err := umbptest.Start(umbptest.Options{Capacity: 64 << 20, Logger: log})
 		if err != nil {
 			return err
 		}

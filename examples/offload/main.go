@@ -8,7 +8,10 @@
 // loads them into its own memory and verifies every byte. Then the server is
 // stalled: lookups answer misses within LookupTimeout, a store outlives its
 // deadline and blocks, later transfers are refused as not attempted; after
-// the server resumes, everything recovers.
+// the server resumes, everything recovers. Last the server is killed and a
+// new one started at the same path: the same handles watch their state go
+// to reconnecting and back (WaitForStateChange), register their memory
+// again, and a new store and load are byte-exact.
 //
 //	go run ./examples/offload
 //	go run ./examples/offload -endpoint unix:///run/umbp/standalone/node0.grpc.sock
@@ -25,13 +28,12 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"sort"
 	"text/tabwriter"
 	"time"
 
-	"github.com/umbp-go/umbp-go/internal/server"
 	"github.com/umbp-go/umbp-go/umbp"
+	"github.com/umbp-go/umbp-go/umbp/umbptest"
 )
 
 func main() {
@@ -57,27 +59,17 @@ func main() {
 }
 
 func run(endpoint string, blocks, layers, blockBytes int, lookupTO, timeout time.Duration, log *slog.Logger) error {
-	var gate *stallGate
+	var srv *umbptest.Server
 	if endpoint == "" {
-		dir, err := os.MkdirTemp("", "umbp-offload")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(dir)
-		gate = newStallGate()
-		srv, err := server.New(server.Options{
-			Endpoint:         filepath.Join(dir, "node0.grpc.sock"),
-			Capacity:         uint64(2*blocks*layers*blockBytes) + 64<<20,
-			Prefault:         true,
-			Logger:           log,
-			UnaryInterceptor: gate.intercept,
-			FDGate:           gate.wait,
+		var err error
+		srv, err = umbptest.Start(umbptest.Options{
+			Capacity: uint64(2*blocks*layers*blockBytes) + 64<<20,
+			Logger:   log,
 		})
 		if err != nil {
 			return err
 		}
 		defer srv.Close()
-		defer gate.resume()
 		endpoint = srv.Endpoint()
 		fmt.Printf("started the Go server in-process at %s\n", endpoint)
 	}
@@ -181,14 +173,14 @@ func run(endpoint string, blocks, layers, blockBytes int, lookupTO, timeout time
 	fmt.Fprintf(tw, "lookup (median of 20)\t%d\t\t\t%v\t\t\n", blocks, median(lat).Round(time.Microsecond))
 	tw.Flush()
 
-	if gate == nil {
+	if srv == nil {
 		fmt.Println("\n(an external server: skipping the stall demonstration)")
 		return nil
 	}
 
 	// The server stalls.
 	fmt.Println("\nthe server stalls:")
-	gate.stall()
+	srv.Stall()
 	t0 := time.Now()
 	got := sched.Lookup(ctx, keys)
 	fmt.Printf("  lookup answered %d hits of %d in %v (LookupTimeout %v)\n", count(got), blocks, time.Since(t0).Round(time.Millisecond), lookupTO)
@@ -209,7 +201,7 @@ func run(endpoint string, blocks, layers, blockBytes int, lookupTO, timeout time
 	fmt.Printf("  engine A's next transfer fails at once, not attempted (%v): %s\n", errors.Is(err, umbp.ErrNotAttempted), refused.KeyErr(0))
 
 	fmt.Println("the server resumes:")
-	gate.resume()
+	srv.Resume()
 	<-stuck.Done()
 	fmt.Printf("  the blocked store ended %s\n", stuck.Status())
 	deadline := time.Now().Add(10 * time.Second)
@@ -230,7 +222,82 @@ func run(endpoint string, blocks, layers, blockBytes int, lookupTO, timeout time
 		return err
 	}
 	fmt.Printf("  lookups hit again and a new load of %d blocks is byte-exact\n", blocks)
+
+	return restartAct(ctx, srv, a, b, sched, plans, batch, blocks, layers, blockBytes)
+}
+
+// restartAct kills the server and starts a new one at the same path: the
+// same handles notice, wait, re-register their memory and resume.
+func restartAct(ctx context.Context, srv *umbptest.Server, a, b *engine, sched *umbp.SchedulerHandle,
+	plans []umbp.BlockTransferPlan, batch umbp.BlockLoadBatch, blocks, layers, blockBytes int) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	handles := []interface {
+		State() umbp.HandleState
+		WaitForStateChange(context.Context, umbp.HandleState) bool
+	}{a.w, b.w, sched}
+	states := func() string {
+		return fmt.Sprintf("engine A %s, engine B %s, scheduler %s", a.w.State(), b.w.State(), sched.State())
+	}
+
+	fmt.Println("\nthe server goes away, as if killed, and a new one starts at the same path with an empty pool:")
+	srv.Stall("Ping") // the new server holds its first answers until it is "ready"
+	if err := srv.Restart(); err != nil {
+		return err
+	}
+	for _, h := range handles {
+		if !h.WaitForStateChange(ctx, umbp.StateConnected) {
+			return errors.New("the handles did not notice the restart")
+		}
+	}
+	fmt.Printf("  WaitForStateChange: %s\n", states())
+	t0 := time.Now()
+	got := sched.Lookup(ctx, plansKeys(plans))
+	fmt.Printf("  lookup answered %d hits in %v, without asking the server\n", count(got), time.Since(t0).Round(time.Microsecond))
+	refused, err := a.w.StoreBlocks(plans)
+	if err != nil {
+		return err
+	}
+	err = a.w.Wait(ctx, refused)
+	fmt.Printf("  a store fails at once, not attempted (%v): %v\n", errors.Is(err, umbp.ErrNotAttempted), refused.KeyErr(0))
+
+	fmt.Println("the new server is ready:")
+	srv.Resume("Ping")
+	for _, h := range handles {
+		if !h.WaitForStateChange(ctx, umbp.StateReconnecting) {
+			return errors.New("the handles did not reattach")
+		}
+	}
+	fmt.Printf("  WaitForStateChange: %s (memory registered again; Stats().Reconnects = %d)\n", states(), a.w.Stats().Reconnects)
+	fmt.Printf("  lookup: %d of %d blocks (the new pool is empty: misses, never stale bytes)\n", count(sched.Lookup(ctx, plansKeys(plans))), blocks)
+	clear(b.buf.Bytes())
+	job, err := a.w.StoreBlocks(plans)
+	if err != nil {
+		return err
+	}
+	if err := a.w.Wait(ctx, job); err != nil {
+		return fmt.Errorf("store after restart: %w", err)
+	}
+	lj, err := b.w.LoadBlocks(batch)
+	if err != nil {
+		return err
+	}
+	if err := b.w.Wait(ctx, lj); err != nil {
+		return fmt.Errorf("load after restart: %w", err)
+	}
+	if err := verify(a, b, blocks, layers, blockBytes); err != nil {
+		return err
+	}
+	fmt.Printf("  the same handles store %d blocks again and engine B's load is byte-exact\n", blocks)
 	return nil
+}
+
+func plansKeys(plans []umbp.BlockTransferPlan) []string {
+	keys := make([]string, len(plans))
+	for i, p := range plans {
+		keys[i] = p.Key
+	}
+	return keys
 }
 
 // engine is one worker with its KV memory: layers regions of blocks blocks.

@@ -36,6 +36,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/stats"
 
 	"github.com/umbp-go/umbp-go/internal/fdpass"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
@@ -79,6 +80,16 @@ type Options struct {
 	// PeerCheck, when not nil, runs on the connected fd-handoff socket
 	// before a descriptor leaves the process, after the trust check passed.
 	PeerCheck fdpass.PeerCheck
+	// StatsHandler, when not nil, is installed on the gRPC channel.
+	StatsHandler stats.Handler
+}
+
+// withStatsHandler installs h on a channel; nil installs nothing.
+func withStatsHandler(h stats.Handler) grpc.DialOption {
+	if h == nil {
+		return grpc.EmptyDialOption{}
+	}
+	return grpc.WithStatsHandler(h)
 }
 
 // Capabilities is what the server's Ping says about it.
@@ -206,6 +217,7 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 		// Stay connected: State reflects the server, not idleness.
 		grpc.WithIdleTimeout(0),
 		grpc.WithUserAgent("umbp-go"),
+		withStatsHandler(opts.StatsHandler),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("umbp: dial %s: %w", opts.Endpoint, err)

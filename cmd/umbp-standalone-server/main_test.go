@@ -32,7 +32,7 @@ func buildServer(t *testing.T) string {
 	if err != nil {
 		t.Skipf("no go command to build with: %v", err)
 	}
-	bin := filepath.Join(t.TempDir(), "standalone-server")
+	bin := filepath.Join(t.TempDir(), "umbp-standalone-server")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, goTool, "build", "-o", bin, ".")

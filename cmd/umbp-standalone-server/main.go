@@ -1,8 +1,9 @@
-// Command standalone-server runs the Go implementation of
+// Command umbp-standalone-server runs the Go implementation of
 // umbp_standalone_server as a process: a stand-in for MORI's binary on hosts
 // without it.
 //
-//	standalone-server -endpoint unix:///run/umbp/standalone/node0.grpc.sock -capacity 4GiB
+//	go install github.com/umbp-go/umbp-go/cmd/umbp-standalone-server@latest
+//	umbp-standalone-server -endpoint unix:///run/umbp/standalone/node0.grpc.sock -capacity 4GiB
 //
 // It prints "listening on <endpoint>" on stdout once both sockets accept
 // connections, and on SIGTERM or SIGINT closes (sockets unlinked) and exits 0.
@@ -40,7 +41,7 @@ func defaultEndpoint() string {
 
 // run is main without the exit: it returns the exit status.
 func run(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("standalone-server", flag.ContinueOnError)
+	fs := flag.NewFlagSet("umbp-standalone-server", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	endpoint := fs.String("endpoint", defaultEndpoint(), "gRPC socket: an absolute path or unix:///abs/path (the fd socket is derived)")
 	capacity := fs.String("capacity", "1GiB", "DRAM pool size in bytes; suffixes K, M, G, T (and KiB, MiB, GiB, TiB) are powers of 1024, KB, MB, GB, TB powers of 1000")
@@ -56,12 +57,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if fs.NArg() != 0 {
-		fmt.Fprintf(stderr, "standalone-server: unexpected arguments %q\n", fs.Args())
+		fmt.Fprintf(stderr, "umbp-standalone-server: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
-		fmt.Fprintf(stderr, "standalone-server: -log-level: %v\n", err)
+		fmt.Fprintf(stderr, "umbp-standalone-server: -log-level: %v\n", err)
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
