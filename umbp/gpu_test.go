@@ -602,7 +602,7 @@ func scenarioBandwidth(t *testing.T, e gpuEnv) {
 				store.dur = append(store.dur, mid.Sub(start))
 				load.dur = append(load.dur, end.Sub(mid))
 			}
-			if !sched.Clear(context.Background()) {
+			if sched.Clear(context.Background()) != nil {
 				t.Fatal("Clear failed")
 			}
 			if rep == reps-1 {

@@ -47,6 +47,8 @@ func (s HandleState) String() string {
 // ServerCapabilities are what the server said of itself when the handle
 // last attached.
 type ServerCapabilities struct {
+	// Ready: the server said it was ready to serve.
+	Ready bool
 	// RangedIO: the server takes scatter/gather batches (a v2 server with
 	// its SSD tier off).
 	RangedIO bool
@@ -355,7 +357,8 @@ func (l *link) waitForStateChange(ctx context.Context, from HandleState) bool {
 }
 
 // capabilities of the current connection.
-func (l *link) capabilities() ServerCapabilities {
-	caps := l.conn().Capabilities()
-	return ServerCapabilities{RangedIO: caps.RangedIO, Mode: caps.Mode.String()}
+func (l *link) capabilities() ServerCapabilities { return capabilitiesOf(l.conn().Capabilities()) }
+
+func capabilitiesOf(caps conn.Capabilities) ServerCapabilities {
+	return ServerCapabilities{Ready: caps.Ready, RangedIO: caps.RangedIO, Mode: caps.Mode.String()}
 }

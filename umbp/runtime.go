@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"time"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
+	"github.com/umbp-go/umbp-go/internal/fdpass"
 )
 
 // StandaloneRuntime is a validated configuration that yields handles on one
@@ -25,6 +29,13 @@ func NewStandaloneRuntime(cfg Config) (*StandaloneRuntime, error) {
 	return &StandaloneRuntime{cfg: c}, nil
 }
 
+// FDSocketPath is the path of the server's fd-handoff socket, derived from
+// the endpoint as servers derive it (docs/PROTOCOL.md, "Sockets").
+func (r *StandaloneRuntime) FDSocketPath() string {
+	_, fd, _ := fdpass.SocketPaths(r.cfg.Endpoint) // the endpoint was checked already
+	return fd
+}
+
 // Endpoint returns the normalized server address, "unix:///abs/path".
 func (r *StandaloneRuntime) Endpoint() string { return r.cfg.Endpoint }
 
@@ -39,7 +50,9 @@ func (r *StandaloneRuntime) Config() Config {
 // dial attaches one connection, waiting at most StartupTimeout (or ctx) for
 // the server to answer Ping.
 func (r *StandaloneRuntime) dial(ctx context.Context) (*conn.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.StartupTimeout)
+	// The connection bounds its wait by StartupTimeout and says so; this
+	// bound, a little later, only backs it up.
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.StartupTimeout+time.Second)
 	defer cancel()
 	c, err := conn.Dial(ctx, conn.Options{
 		Endpoint:       r.cfg.Endpoint,
@@ -55,7 +68,12 @@ func (r *StandaloneRuntime) dial(ctx context.Context) (*conn.Conn, error) {
 		return nil, fmt.Errorf("refusing the UMBP standalone server at %s: %w", r.cfg.Endpoint, err)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("cannot attach to the UMBP standalone server at %s; start umbp_standalone_server on this host first: %w", r.cfg.Endpoint, err)
+		if grpcPath, _, perr := fdpass.SocketPaths(r.cfg.Endpoint); perr == nil {
+			if _, serr := os.Stat(grpcPath); errors.Is(serr, fs.ErrNotExist) {
+				return nil, fmt.Errorf("cannot attach to the UMBP standalone server at %s; start umbp_standalone_server on this host first: %w", r.cfg.Endpoint, err)
+			}
+		}
+		return nil, fmt.Errorf("cannot attach to the UMBP standalone server at %s: %w", r.cfg.Endpoint, err)
 	}
 	return c, nil
 }

@@ -283,22 +283,36 @@ func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
 }
 
 // Clear removes every object from the pool — the KV of every engine attached
-// to the server, not only this one's — and reports whether the server did
-// so. Failures answer false.
-func (h *SchedulerHandle) Clear(ctx context.Context) bool {
+// to the server, not only this one's. It returns nil once the server has
+// done so; otherwise an error that says why: refused (ErrRefused),
+// unreachable (ErrUnavailable), or no reply within LookupTimeout
+// (context.DeadlineExceeded).
+func (h *SchedulerHandle) Clear(ctx context.Context) error {
 	cleared, err := call(ctx, h, "Clear", func(ctx context.Context, c *conn.Conn) (bool, error) {
 		return c.Clear(ctx)
 	})
+	if err == nil && !cleared {
+		err = fmt.Errorf("%w: the server answered that it did not clear its pool", ErrRefused)
+	}
 	if err != nil {
 		h.logFailure("clear", err)
-		return false
-	}
-	if !cleared {
-		h.log.Warn("UMBP standalone clear failed", "endpoint", h.address)
-		return false
+		return fmt.Errorf("umbp: clear the pool at %s: %w", h.address, err)
 	}
 	h.log.Warn("cleared the UMBP standalone pool; this removes KV for every engine attached to it", "endpoint", h.address)
-	return true
+	return nil
+}
+
+// Ping asks the server what it offers, bounded by LookupTimeout like every
+// scheduler call; the answer also refreshes what [SchedulerHandle.Stats]
+// reports. Its error says why the server did not answer.
+func (h *SchedulerHandle) Ping(ctx context.Context) (ServerCapabilities, error) {
+	caps, err := call(ctx, h, "Ping", func(ctx context.Context, c *conn.Conn) (conn.Capabilities, error) {
+		return c.Ping(ctx)
+	})
+	if err != nil {
+		return ServerCapabilities{}, fmt.Errorf("umbp: ping %s: %w", h.address, err)
+	}
+	return capabilitiesOf(caps), nil
 }
 
 // Close releases the handle. It never blocks longer than Timeout. If a call

@@ -2,6 +2,7 @@ package umbp_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -90,8 +91,8 @@ func TestLookup(t *testing.T) {
 	if h.LookupPrefix(ctx, nil) != 0 || srv.Calls("BatchExists") != before {
 		t.Fatal("empty lookups reached the server")
 	}
-	if !h.Clear(ctx) {
-		t.Fatal("Clear failed")
+	if err := h.Clear(ctx); err != nil {
+		t.Fatalf("Clear: %v", err)
 	}
 	if got := h.Lookup(ctx, keys); !allEqual(got, false) {
 		t.Fatalf("after Clear: %v", got)
@@ -112,8 +113,8 @@ func TestLookupFailuresAreMisses(t *testing.T) {
 		t.Fatalf("lookup after a failure = %v, want hits", got)
 	}
 	srv.FailNext("Clear", 1)
-	if h.Clear(ctx) {
-		t.Fatal("failed Clear reported true")
+	if err := h.Clear(ctx); !errors.Is(err, umbp.ErrUnavailable) {
+		t.Fatalf("Clear that failed in transport = %v, want ErrUnavailable", err)
 	}
 	// A caller's context that ends answers misses at once.
 	cctx, cancel := context.WithCancel(ctx)
@@ -192,7 +193,7 @@ func TestSchedulerCloseWithStuckCall(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "left open") {
 		t.Fatalf("Close with a stuck call = %v, want it to say the connection was left open", err)
 	}
-	if got := h.Lookup(context.Background(), []string{"k"}); !allEqual(got, false) || h.Clear(context.Background()) {
+	if got := h.Lookup(context.Background(), []string{"k"}); !allEqual(got, false) || h.Clear(context.Background()) == nil {
 		t.Fatal("calls after Close did not answer misses")
 	}
 }

@@ -541,7 +541,7 @@ func soakScheduler(s *soakRun, h *umbp.SchedulerHandle, rng *rand.Rand, stop <-c
 			}
 		default:
 			start := time.Now()
-			ok := h.Clear(ctx)
+			ok := h.Clear(ctx) == nil
 			s.timed("Clear", start)
 			s.count("clear/"+strconv.FormatBool(ok), 1)
 		}

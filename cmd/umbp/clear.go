@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/umbp-go/umbp-go/internal/conn"
+	"github.com/umbp-go/umbp-go/umbp"
 )
 
 func clearFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string) error {
@@ -23,24 +23,13 @@ func clearFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string
 		if err != nil {
 			return err
 		}
-		cn, err := conn.Dial(ctx, conn.Options{
-			Endpoint:       rt.Endpoint(),
-			StartupTimeout: c.timeout,
-			Logger:         c.log,
-			TrustedUIDs:    c.trusted,
-		})
+		h, err := rt.NewSchedulerHandle(ctx, "umbp-clear", umbp.RankTopology{}, nil)
 		if err != nil {
 			return err
 		}
-		defer cn.Close()
-		cctx, cancel := context.WithTimeout(ctx, c.timeout)
-		defer cancel()
-		ok, err := cn.Clear(cctx)
-		if err != nil {
+		defer h.Close()
+		if err := h.Clear(ctx); err != nil {
 			return err
-		}
-		if !ok {
-			return fmt.Errorf("the server at %s answered that it did not clear", rt.Endpoint())
 		}
 		fmt.Fprintf(e.stdout, "cleared the pool at %s\n", rt.Endpoint())
 		return nil

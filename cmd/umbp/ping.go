@@ -9,7 +9,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/umbp-go/umbp-go/internal/conn"
 	"github.com/umbp-go/umbp-go/umbp"
 )
 
@@ -61,34 +60,28 @@ func pingFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string)
 	}
 }
 
-// ping dials the server as a handle does (trust check, wait for ready),
-// times count more pings and, with fd, registers a page of host memory.
+// ping attaches a scheduler handle as an engine would (trust check, wait
+// for ready), times count more pings and, with fd, registers a page of
+// host memory.
 func ping(ctx context.Context, c *common, rt *umbp.StandaloneRuntime, count int, fd bool) (*pingResult, error) {
-	cn, err := conn.Dial(ctx, conn.Options{
-		Endpoint:       rt.Endpoint(),
-		StartupTimeout: c.timeout,
-		Logger:         c.log,
-		TrustedUIDs:    c.trusted,
-	})
+	h, err := rt.NewSchedulerHandle(ctx, "umbp-ping", umbp.RankTopology{}, nil)
 	if err != nil {
 		return nil, err
 	}
-	defer cn.Close()
-	caps := cn.Capabilities()
+	defer h.Close()
+	caps := h.Stats().Capabilities
 	res := &pingResult{
 		Endpoint: rt.Endpoint(),
-		FDSocket: cn.FDSocketPath(),
+		FDSocket: rt.FDSocketPath(),
 		Ready:    caps.Ready,
-		Mode:     caps.Mode.String(),
+		Mode:     caps.Mode,
 		RangedIO: caps.RangedIO,
 		RTTs:     []float64{},
 	}
 	for range count {
-		pctx, cancel := context.WithTimeout(ctx, c.timeout)
 		start := time.Now()
-		caps, err := cn.Ping(pctx)
+		caps, err := h.Ping(ctx)
 		took := time.Since(start)
-		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("ping %d: %w", len(res.RTTs)+1, err)
 		}

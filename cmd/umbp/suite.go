@@ -78,8 +78,8 @@ func suite(ctx context.Context, rt *umbp.StandaloneRuntime, sc suiteConfig, out 
 	if err := w.RegisterBuffers(ctx, map[string]umbp.Buffer{"bench": hb.Buffer()}); err != nil {
 		return err
 	}
-	if !sched.Clear(ctx) {
-		return fmt.Errorf("the server did not clear its pool")
+	if err := sched.Clear(ctx); err != nil {
+		return err
 	}
 	defer sched.Clear(context.WithoutCancel(ctx))
 	base := hb.Buffer().Ptr
@@ -132,8 +132,8 @@ func suite(ctx context.Context, rt *umbp.StandaloneRuntime, sc suiteConfig, out 
 		loadPlans := make([]umbp.BlockTransferPlan, n)
 		var put, get []float64
 		for r := range sc.bwReps {
-			if !sched.Clear(ctx) {
-				return fmt.Errorf("%s: the server did not clear its pool", tag)
+			if err := sched.Clear(ctx); err != nil {
+				return fmt.Errorf("%s: %w", tag, err)
 			}
 			for i := range n {
 				key := fmt.Sprintf("bench-%s-%d-%d", tag, r, i)

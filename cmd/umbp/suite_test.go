@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -21,7 +22,7 @@ func TestSuite(t *testing.T) {
 	}
 	for _, opts := range []umbptest.Options{{}, {Version: 1}} {
 		srv := umbptest.NewServer(t, opts)
-		rt, err := umbp.NewStandaloneRuntime(umbp.Config{Endpoint: srv.Endpoint()})
+		rt, err := umbp.NewStandaloneRuntime(umbp.Config{Endpoint: srv.Endpoint(), Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}
