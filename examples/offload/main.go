@@ -312,6 +312,9 @@ func newEngine(ctx context.Context, rt *umbp.StandaloneRuntime, name string, blo
 	if err != nil {
 		return nil, err
 	}
+	// An engine's KV cache is memory it has used: touch every page now, so
+	// that the first transfer below is not charged for faulting it in.
+	clear(buf.Bytes())
 	base := buf.Buffer().Ptr
 	layout := &umbp.KVLayoutDescriptor{}
 	for l := range layers {

@@ -67,6 +67,11 @@ func (b *copyBatch) queue(item int, c GPUCopy) {
 	b.items = append(b.items, item)
 }
 
+// newCopyBatch returns a batch for a request of about n copies.
+func (s *Server) newCopyBatch(n int) copyBatch {
+	return copyBatch{s: s, host: make([]hostCopy, 0, n)}
+}
+
 func (b *copyBatch) queueHost(item int, dst, src []byte) {
 	b.host = append(b.host, hostCopy{item: item, dst: dst, src: src})
 	b.bytes += uint64(len(src))

@@ -125,7 +125,7 @@ func (s *Server) batchPutRanges(req *umbppb.BatchRangeDataRequest) []bool {
 	// made together, and the objects published (or aborted) once they are
 	// done.
 	var objs []batchObject
-	b := copyBatch{s: s}
+	b := s.newCopyBatch(len(sizes))
 	finish := func() {
 		b.wait(func(item int, err error) { objs[item].err = err })
 		for _, p := range objs {
@@ -185,7 +185,7 @@ func (s *Server) batchGetRanges(req *umbppb.BatchRangeDataRequest) []bool {
 	objOffs, sizes := req.GetObjectOffsets(), req.GetSizes()
 	// Objects stay acquired until their copies are done.
 	var objs []batchObject
-	b := copyBatch{s: s}
+	b := s.newCopyBatch(len(sizes))
 	for i, key := range keys {
 		lo, hi := starts[i], starts[i+1]
 		if lo == hi || slices.Contains(sizes[lo:hi], 0) {

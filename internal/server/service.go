@@ -143,8 +143,8 @@ func (s *Server) batchPut(keys []string, client string, offs, sizes, bases []uin
 	// Objects are reserved and their copies queued in turn; the copies are
 	// made together, and the objects published in order (a later entry of
 	// the same key replaces an earlier one) once they are done.
-	var objs []batchObject
-	b := copyBatch{s: s}
+	objs := make([]batchObject, 0, len(keys))
+	b := s.newCopyBatch(len(keys))
 	finish := func() {
 		b.wait(func(item int, err error) { objs[item].err = err })
 		for _, p := range objs {
@@ -227,8 +227,8 @@ func (v *service) BatchGet(_ context.Context, req *umbppb.BatchDataRequest) (*um
 	}
 	defer l.release()
 	// Objects stay acquired until their copies, made together, are done.
-	var objs []batchObject
-	b := copyBatch{s: s}
+	objs := make([]batchObject, 0, len(keys))
+	b := s.newCopyBatch(len(keys))
 	for i, k := range keys {
 		o := s.pool.acquire(k)
 		if o == nil {
