@@ -108,7 +108,7 @@ type impostor struct {
 	pid              int
 }
 
-// startImpostor runs the standalone-server binary as impostorUID in a fresh
+// startImpostor runs the umbp-standalone-server binary as impostorUID in a fresh
 // directory that uid may write, and waits until it listens.
 func startImpostor(t *testing.T) *impostor {
 	t.Helper()

@@ -5,7 +5,7 @@
 // handles through a pluggable GPUBackend.
 //
 // It stands in for MORI's binary on hosts without it: the umbptest package
-// and the standalone-server example run it.
+// and cmd/umbp-standalone-server run it.
 package server
 
 import (
