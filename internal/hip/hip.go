@@ -55,6 +55,9 @@ func (e *LoadError) Error() string {
 	if len(e.Tried) == 0 {
 		return "hip: GPU runtime not supported: no candidate libraries"
 	}
+	if len(e.Tried) == 1 {
+		return "hip: GPU runtime not supported: the one library tried is not a usable HIP or CUDA runtime"
+	}
 	return fmt.Sprintf("hip: GPU runtime not supported: no usable HIP or CUDA runtime among %d libraries tried", len(e.Tried))
 }
 
