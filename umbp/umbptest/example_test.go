@@ -59,7 +59,7 @@ func ExampleServer_Stall() {
 	defer sched.Close()
 	fmt.Println("lookup:", sched.Lookup(ctx, []string{"a"}))
 
-	srv.Stall("BatchExists", "BatchPutRanges")
+	srv.Stall("BatchExists", "BatchPut")
 	fmt.Println("stalled lookup:", sched.Lookup(ctx, []string{"a"}), "timeouts:", sched.Stats().Timeouts)
 	store := w.Store(plan("b"))
 	err = w.Wait(ctx, store)
