@@ -64,6 +64,7 @@ func run(endpoint string, blocks, layers, blockBytes int, lookupTO, timeout time
 		var err error
 		srv, err = umbptest.Start(umbptest.Options{
 			Capacity: uint64(2*blocks*layers*blockBytes) + 64<<20,
+			Prefault: true, // as a running server's pool: no first-touch faults in the figures
 			Logger:   log,
 		})
 		if err != nil {

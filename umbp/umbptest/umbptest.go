@@ -36,6 +36,10 @@ const FDHandoff = "FDHandoff"
 type Options struct {
 	// Capacity is the DRAM pool size in bytes; 0 means 1 GiB.
 	Capacity uint64
+	// Prefault maps the whole pool at start, so that no store pays for the
+	// kernel's first touch of a page (as a long-running server's pool is):
+	// for demos and benchmarks. It commits Capacity bytes of memory at once.
+	Prefault bool
 	// Version is 2 (the default when 0) or 1: a v1 server answers
 	// BatchPutRanges and BatchGetRanges with codes.Unimplemented.
 	Version int
@@ -134,6 +138,7 @@ func (s *Server) start() error {
 	srv, err := server.New(server.Options{
 		Endpoint:        s.endpoint,
 		Capacity:        s.opts.Capacity,
+		Prefault:        s.opts.Prefault,
 		Version:         s.opts.Version,
 		DisableRangedIO: s.opts.DisableRangedIO,
 		Logger:          logger,
