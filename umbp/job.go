@@ -532,8 +532,15 @@ func (j *TransferJob) wait(ctx context.Context, queuedFor time.Duration) error {
 		if ctx.Err() != nil { // both ended: the context's answer
 			return j.waitEnded(ctx)
 		}
+		ph, dl := j.state()
+		if ph != phaseQueued && ph != phaseEnded && time.Now().Before(dl) {
+			// It started while the wait for a queued job ran out: wait
+			// for its own deadline.
+			started = nil
+			timer.Reset(time.Until(dl))
+			continue
+		}
 		j.expire() // the deadline has passed, whichever timer saw it first
-		ph, _ := j.state()
 		switch ph {
 		case phaseEnded:
 			return j.result()

@@ -1,0 +1,73 @@
+package umbp
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// nopOwner is a jobOwner that only counts blocked jobs.
+type nopOwner struct{ blocked atomic.Int64 }
+
+func (o *nopOwner) blockedDelta(d int)      { o.blocked.Add(int64(d)) }
+func (o *nopOwner) jobEnded(j *TransferJob) {}
+
+// A job that starts just as the wait for a queued job runs out is waited
+// for until its own deadline, not reported blocked at once.
+func TestWaitStartedAsQueuedWaitEnds(t *testing.T) {
+	j := newJob(kindStore, []BlockTransferPlan{{Key: "k"}}, &nopOwner{})
+	if _, ok := j.begin(time.Hour, false); !ok {
+		t.Fatal("begin failed")
+	}
+	// queuedFor 0: the queued wait has run out as the wait starts, with the
+	// job already started.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	err := j.wait(ctx, 0)
+	if !errors.Is(err, ErrBuffersInUse) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("wait = %v, want the context's end while the job runs (its deadline is an hour away)", err)
+	}
+	j.failRest(nil)
+}
+
+// The phases move as the state machine says, and the owner's blocked count
+// follows a job into and out of phaseBlocked.
+func TestJobPhases(t *testing.T) {
+	o := &nopOwner{}
+	j := newJob(kindLoad, []BlockTransferPlan{{Key: "a"}, {Key: "b"}}, o)
+	if ph, _ := j.state(); ph != phaseQueued {
+		t.Fatalf("new job in phase %d", ph)
+	}
+	// A deadline already past: its timer and this expire race, once.
+	if _, ok := j.begin(-time.Second, false); !ok {
+		t.Fatal("begin failed")
+	}
+	if j.cancelQueued("late") || j.failQueued(errQueuedBehind) {
+		t.Fatal("a started job was withdrawn")
+	}
+	j.expire()
+	if ph, _ := j.state(); ph != phaseBlocked || o.blocked.Load() != 1 {
+		t.Fatalf("phase %d, blocked %d after the deadline; want blocked, 1", ph, o.blocked.Load())
+	}
+	j.detach()
+	if ph, _ := j.state(); ph != phaseDetached || o.blocked.Load() != 0 {
+		t.Fatalf("phase %d, blocked %d after detach; want detached, 0", ph, o.blocked.Load())
+	}
+	j.setOutcome(0, nil)
+	j.setOutcome(1, ErrNotInPool)
+	if ph, _ := j.state(); ph != phaseEnded || j.Status() != JobFailed || !errors.Is(j.Err(), ErrNotInPool) {
+		t.Fatalf("phase %d, %s, %v after every outcome", ph, j.Status(), j.Err())
+	}
+
+	q := newJob(kindStore, []BlockTransferPlan{{Key: "q"}}, o)
+	dropped := false
+	q.submit(nil, func() { dropped = true })
+	if !q.cancelQueued("preempted") || !dropped || q.Status() != JobCancelled || !errors.Is(q.Err(), ErrCancelled) {
+		t.Fatalf("cancel of a queued job: %s %v, dropped %v", q.Status(), q.Err(), dropped)
+	}
+	if _, ok := q.begin(time.Second, false); ok {
+		t.Fatal("a cancelled job began")
+	}
+}
