@@ -271,9 +271,6 @@ func (j *TransferJob) Err() error {
 	return e
 }
 
-// result is what Wait returns for an ended job: nil iff COMPLETED.
-func (j *TransferJob) result() error { return j.Err() }
-
 // --- transitions -----------------------------------------------------------
 
 // setOutcome records plan i's outcome (err nil on success) once; later
@@ -496,7 +493,7 @@ func (j *TransferJob) ended() bool {
 // as not attempted; one running is still using its buffers.
 func (j *TransferJob) waitEnded(ctx context.Context) error {
 	if j.failQueued(fmt.Errorf("the wait for it ended while it was queued: %w", ctx.Err())) || j.ended() {
-		return j.result()
+		return j.Err()
 	}
 	return fmt.Errorf("%w: %s of %s still running: %w", ErrBuffersInUse, j.kind, plural(len(j.plans), "key"), ctx.Err())
 }
@@ -507,7 +504,7 @@ func (j *TransferJob) waitEnded(ctx context.Context) error {
 // attempted.
 func (j *TransferJob) wait(ctx context.Context, queuedFor time.Duration) error {
 	if j.ended() {
-		return j.result()
+		return j.Err()
 	}
 	if ctx.Err() != nil {
 		return j.waitEnded(ctx)
@@ -518,7 +515,7 @@ func (j *TransferJob) wait(ctx context.Context, queuedFor time.Duration) error {
 	for {
 		select {
 		case <-j.done:
-			return j.result()
+			return j.Err()
 		case <-started:
 			started = nil
 			if ph, dl := j.state(); ph != phaseEnded {
@@ -543,10 +540,10 @@ func (j *TransferJob) wait(ctx context.Context, queuedFor time.Duration) error {
 		j.expire() // the deadline has passed, whichever timer saw it first
 		switch ph {
 		case phaseEnded:
-			return j.result()
+			return j.Err()
 		case phaseQueued:
 			if j.failQueued(errQueuedBehind) {
-				return j.result()
+				return j.Err()
 			}
 			continue // it started just now: wait for its own deadline
 		case phaseStream:
@@ -554,7 +551,7 @@ func (j *TransferJob) wait(ctx context.Context, queuedFor time.Duration) error {
 			// gives up at this same deadline: as not attempted.
 			select {
 			case <-j.done:
-				return j.result()
+				return j.Err()
 			case <-time.After(streamWaitGrace):
 			}
 		}

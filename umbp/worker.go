@@ -216,12 +216,13 @@ func (w *WorkerHandle) registerBuffer(ctx context.Context, name string, b Buffer
 	var hb *HostBuffer
 	if loc == LocationAuto || loc == LocationHost {
 		hb = hostBuffers.find(b.Ptr, b.Size)
+		in := hostBuffers.at(b.Ptr) // the buffer b starts in, if any
 		switch {
 		case hb != nil:
 			loc = LocationHost
-		case hostBuffers.at(b.Ptr) != nil:
-			in := hostBuffers.at(b.Ptr)
-			return fmt.Errorf("%d bytes at %#x run past the end of the HostBuffer that holds them (%d bytes at %#x)", b.Size, b.Ptr, in.size, in.base())
+		case in != nil:
+			ib := in.Buffer() // under the buffer's lock: it may be closing
+			return fmt.Errorf("%d bytes at %#x run past the end of the HostBuffer that holds them (%d bytes at %#x)", b.Size, b.Ptr, ib.Size, ib.Ptr)
 		case loc == LocationHost:
 			return fmt.Errorf("host memory at %#x (%d bytes) does not lie in a HostBuffer: the server can only map memfd-backed memory from NewHostBuffer", b.Ptr, b.Size)
 		}
@@ -555,12 +556,9 @@ func (w *WorkerHandle) Close() error {
 		if j.cancelQueued("handle closed") {
 			continue
 		}
-		ph, dl := j.state()
+		ph, dl := j.state() // not queued: it began, so it has a deadline
 		if ph == phaseEnded {
 			continue
-		}
-		if dl.IsZero() { // starting right now
-			dl = now.Add(w.timeout)
 		}
 		until = later(until, dl)
 		running = append(running, j)
@@ -583,7 +581,7 @@ func (w *WorkerHandle) Close() error {
 		// Deregistration and the connection's close wait until the blocked
 		// transfers return: neither would stop the server from using their
 		// buffers.
-		regions := w.abandon(fmt.Sprintf("%s still blocked in the server", plural(inFlight, "transfer")))
+		regions, err := w.abandon(fmt.Sprintf("%s still blocked in the server", plural(inFlight, "transfer")))
 		go func() {
 			for _, j := range running {
 				<-j.done
@@ -591,7 +589,7 @@ func (w *WorkerHandle) Close() error {
 			w.release(c)
 			w.reclaim(regions)
 		}()
-		return w.abandonedError(regions, fmt.Sprintf("%s still blocked in the server", plural(inFlight, "transfer")))
+		return err
 	}
 
 	released := make(chan struct{})
@@ -603,12 +601,12 @@ func (w *WorkerHandle) Close() error {
 	case <-released:
 	case <-time.After(w.timeout):
 		reason := fmt.Sprintf("deregistration did not return in %v", w.timeout)
-		regions := w.abandon(reason)
+		regions, err := w.abandon(reason)
 		go func() {
 			<-released
 			w.reclaim(regions)
 		}()
-		return w.abandonedError(regions, reason)
+		return err
 	}
 	w.mu.Lock()
 	regions := w.regions
@@ -637,8 +635,9 @@ func (w *WorkerHandle) release(c *conn.Conn) {
 }
 
 // abandon takes the handle's regions and marks them abandoned: their memory
-// must not be freed until reclaim gives them back.
-func (w *WorkerHandle) abandon(reason string) []*memRegion {
+// must not be freed until reclaim gives them back. It returns them, and
+// Close's error naming them.
+func (w *WorkerHandle) abandon(reason string) ([]*memRegion, error) {
 	w.mu.Lock()
 	regions := w.regions
 	w.regions = nil
@@ -654,7 +653,7 @@ func (w *WorkerHandle) abandon(reason string) []*memRegion {
 	}
 	w.log.Warn("UMBP standalone worker closed with transfers in flight; its buffers must not be freed until they end",
 		"endpoint", w.address, "reason", reason, "buffers", names)
-	return regions
+	return regions, fmt.Errorf("%w: %s; buffers kept registered until it ends: %s", ErrBuffersAbandoned, reason, strings.Join(names, ", "))
 }
 
 // reclaim gives back abandoned regions once nothing of the server's uses
@@ -671,14 +670,6 @@ func (w *WorkerHandle) reclaim(regions []*memRegion) {
 	}
 	w.staging.close()
 	w.log.Info("UMBP standalone worker's abandoned buffers are free again", "endpoint", w.address, "buffers", names)
-}
-
-func (w *WorkerHandle) abandonedError(regions []*memRegion, reason string) error {
-	var names []string
-	for _, r := range regions {
-		names = append(names, r.names...)
-	}
-	return fmt.Errorf("%w: %s; buffers kept registered until it ends: %s", ErrBuffersAbandoned, reason, strings.Join(names, ", "))
 }
 
 func (w *WorkerHandle) logFailure(op string, err error) {

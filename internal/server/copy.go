@@ -85,6 +85,12 @@ func (b *copyBatch) copyHost() []error {
 	if len(b.host) == 0 {
 		return nil
 	}
+	workers := min(runtime.GOMAXPROCS(0), maxCopyWorkers, int(b.bytes/copyChunk)+1)
+	if b.bytes < parallelCopyMin || workers < 2 {
+		// One goroutine: the whole batch is one unit.
+		last := len(b.host) - 1
+		return b.faultErrors(b.copyUnit(copyUnit{first: 0, lo: 0, last: last, hi: len(b.host[last].src)}))
+	}
 	var units []copyUnit
 	cur := copyUnit{first: 0, lo: 0}
 	var curBytes int
@@ -123,13 +129,7 @@ func (b *copyBatch) copyHost() []error {
 			errs[f.copy] = f.err
 		}
 	}
-	workers := min(runtime.GOMAXPROCS(0), maxCopyWorkers, len(units))
-	if b.bytes < parallelCopyMin || workers < 2 {
-		for _, u := range units {
-			record(b.copyUnit(u))
-		}
-		return errs
-	}
+	workers = min(workers, len(units))
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range workers {
@@ -144,6 +144,18 @@ func (b *copyBatch) copyHost() []error {
 		})
 	}
 	wg.Wait()
+	return errs
+}
+
+// faultErrors turns faults into copyHost's answer: nil without faults.
+func (b *copyBatch) faultErrors(faults []copyFault) []error {
+	if len(faults) == 0 {
+		return nil
+	}
+	errs := make([]error, len(b.host))
+	for _, f := range faults {
+		errs[f.copy] = f.err
+	}
 	return errs
 }
 
