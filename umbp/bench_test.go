@@ -192,3 +192,31 @@ func plans2(b *testing.B, dst *engine, plans []umbp.BlockTransferPlan) []umbp.Bl
 	}
 	return out
 }
+
+// BenchmarkJobOverhead measures what a job costs beyond the server's copy:
+// 256 objects of 64 bytes, one range each, stored (the keys are already
+// held, so the server copies nothing) and loaded, Store or Load and Wait.
+func BenchmarkJobOverhead(b *testing.B) {
+	srv := benchServer(b, 64<<20)
+	cfg := testConfig(b, srv.Endpoint())
+	cfg.Timeout = time.Minute
+	rt := newRuntime(b, cfg)
+	e := newEngine(b, rt, 1, 256, 64)
+	plans := e.plans(b, "overhead", ids(256)...)
+	ctx := context.Background()
+	for _, what := range []string{"store", "load"} {
+		b.Run(what, func(b *testing.B) {
+			for b.Loop() {
+				var job *umbp.TransferJob
+				if what == "store" {
+					job = e.w.Store(plans)
+				} else {
+					job = e.w.Load(plans)
+				}
+				if err := e.w.Wait(ctx, job); err != nil {
+					b.Fatalf("%s: %v", what, err)
+				}
+			}
+		})
+	}
+}

@@ -96,12 +96,11 @@ type jobOwner interface {
 // was withdrawn before it started. Its methods are safe for concurrent use,
 // and on a nil job they report a job that failed.
 type TransferJob struct {
-	kind    jobKind
-	plans   []BlockTransferPlan
-	owner   jobOwner
-	conn    *conn.Conn    // the connection it runs on; nil if refused at once
-	done    chan struct{} // closed when the job ends
-	started chan struct{} // closed when the transfer starts, or the job ends unstarted
+	kind  jobKind
+	plans []BlockTransferPlan
+	owner jobOwner
+	conn  *conn.Conn    // the connection it runs on; nil if refused at once
+	done  chan struct{} // closed when the job ends
 
 	mu        sync.Mutex
 	phase     phase
@@ -120,15 +119,14 @@ type TransferJob struct {
 
 func newJob(kind jobKind, plans []BlockTransferPlan, owner jobOwner) *TransferJob {
 	return &TransferJob{
-		kind:    kind,
-		plans:   slices.Clone(plans), // the caller may reuse its slice
-		owner:   owner,
-		done:    make(chan struct{}),
-		started: make(chan struct{}),
-		status:  JobRunning,
-		errs:    make([]error, len(plans)),
-		has:     make([]bool, len(plans)),
-		left:    len(plans),
+		kind:   kind,
+		plans:  slices.Clone(plans), // the caller may reuse its slice
+		owner:  owner,
+		done:   make(chan struct{}),
+		status: JobRunning,
+		errs:   make([]error, len(plans)),
+		has:    make([]bool, len(plans)),
+		left:   len(plans),
 	}
 }
 
@@ -283,6 +281,18 @@ func (j *TransferJob) setOutcome(i int, err error) {
 	fin()
 }
 
+// setOutcomes records n outcomes under one lock: outcome(k) gives the k-th
+// one's plan index and error.
+func (j *TransferJob) setOutcomes(n int, outcome func(k int) (int, error)) {
+	j.mu.Lock()
+	for k := range n {
+		j.setLocked(outcome(k))
+	}
+	fin := j.finishLocked()
+	j.mu.Unlock()
+	fin()
+}
+
 func (j *TransferJob) setLocked(i int, err error) {
 	if j.phase == phaseEnded || j.has[i] {
 		return
@@ -330,7 +340,6 @@ func (j *TransferJob) endLocked() func() {
 	var drop func()
 	if was == phaseQueued {
 		drop, j.drop = j.drop, nil
-		close(j.started)
 	}
 	close(j.done)
 	return func() {
@@ -369,7 +378,6 @@ func (j *TransferJob) begin(timeout time.Duration, stream bool) (deadline time.T
 	j.drop = nil // the transfer releases what it holds itself
 	j.deadline = time.Now().Add(timeout)
 	j.timer = time.AfterFunc(timeout, j.expire)
-	close(j.started)
 	return j.deadline, true
 }
 
@@ -509,19 +517,20 @@ func (j *TransferJob) wait(ctx context.Context, queuedFor time.Duration) error {
 	if ctx.Err() != nil {
 		return j.waitEnded(ctx)
 	}
-	started := j.started
-	timer := time.NewTimer(queuedFor)
+	// The wait wakes for the job's end, ctx, or its timer, and no sooner:
+	// a job that started while it waited is waited for until its own
+	// deadline once the timer for a queued one has run out (that deadline
+	// comes later: the transfer's timeout counts from its start).
+	bound := queuedFor
+	if ph, dl := j.state(); ph != phaseQueued && ph != phaseEnded {
+		bound = time.Until(dl)
+	}
+	timer := time.NewTimer(bound)
 	defer timer.Stop()
 	for {
 		select {
 		case <-j.done:
 			return j.Err()
-		case <-started:
-			started = nil
-			if ph, dl := j.state(); ph != phaseEnded {
-				timer.Reset(time.Until(dl))
-			}
-			continue
 		case <-ctx.Done():
 			return j.waitEnded(ctx)
 		case <-timer.C:
@@ -531,9 +540,8 @@ func (j *TransferJob) wait(ctx context.Context, queuedFor time.Duration) error {
 		}
 		ph, dl := j.state()
 		if ph != phaseQueued && ph != phaseEnded && time.Now().Before(dl) {
-			// It started while the wait for a queued job ran out: wait
-			// for its own deadline.
-			started = nil
+			// It started while the wait for a queued job ran: wait for
+			// its own deadline.
 			timer.Reset(time.Until(dl))
 			continue
 		}

@@ -71,3 +71,27 @@ func TestJobPhases(t *testing.T) {
 		t.Fatal("a cancelled job began")
 	}
 }
+
+// A wait that starts after the job did ends at the job's own deadline, not
+// a queue bound later.
+func TestWaitOfStartedJobEndsAtItsDeadline(t *testing.T) {
+	o := &nopOwner{}
+	j := newJob(kindLoad, []BlockTransferPlan{{Key: "k"}}, o)
+	if _, ok := j.begin(50*time.Millisecond, false); !ok {
+		t.Fatal("begin failed")
+	}
+	got := make(chan error, 1)
+	go func() { got <- j.wait(context.Background(), time.Hour) }()
+	select {
+	case err := <-got:
+		if !errors.Is(err, ErrBuffersInUse) {
+			t.Fatalf("wait = %v, want ErrBuffersInUse at the job's deadline", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the wait outlived the job's deadline by a minute")
+	}
+	if o.blocked.Load() != 1 {
+		t.Fatalf("blocked %d past the deadline, want 1", o.blocked.Load())
+	}
+	j.failRest(nil)
+}

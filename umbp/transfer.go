@@ -126,6 +126,13 @@ func (w *WorkerHandle) refuseBlocked(job *TransferJob, n int64) {
 // w.mu is held.
 func (w *WorkerHandle) resolvePlansLocked(job *TransferJob, ranged bool) []item {
 	items := make([]item, 0, len(job.plans))
+	// Every plan's ranges in one allocation: a job's plans are many and
+	// their ranges few each.
+	n := 0
+	for i := range job.plans {
+		n += len(job.plans[i].Ranges)
+	}
+	slab := make([]conn.Range, n)
 	for i := range job.plans {
 		p := &job.plans[i]
 		if job.hasOutcome(i) { // failed in planning
@@ -135,7 +142,9 @@ func (w *WorkerHandle) resolvePlansLocked(job *TransferJob, ranged bool) []item 
 			job.setOutcome(i, notAttempted(err))
 			continue
 		}
-		obj := conn.Object{Key: p.Key, Size: p.ObjectSize(), Ranges: make([]conn.Range, len(p.Ranges))}
+		nr := len(p.Ranges)
+		obj := conn.Object{Key: p.Key, Size: p.ObjectSize(), Ranges: slab[:nr:nr]}
+		slab = slab[nr:]
 		var bad error
 		host := true
 		for k, r := range p.Ranges {
@@ -231,18 +240,15 @@ func (w *WorkerHandle) run(job *TransferJob, tr transport, items []item, barrier
 		if lost != nil {
 			w.logFailure(job.kind.String(), lost)
 			w.link.failed(lost)
-		} else if ok, ferr := tr.flush(ctx); ferr != nil || !ok { // a no-op where the server has no tier to persist
-			if ferr == nil {
-				ferr = fmt.Errorf("%w: the final Flush answered false", ErrRefused)
-			}
-			job.failRest(fmt.Errorf("umbp: store's final flush failed: %w", ferr))
-			return
 		}
 	}
+	// A store ends with its BatchPut's reply, without a Flush: the server
+	// has copied the bytes into its pool by then, and what it copies on to
+	// a lower tier it reads from the pool, not from the engine's memory.
 	settle := func() {
-		for k, it := range items {
-			job.setOutcome(it.idx, keyError(job.kind, &it.obj, results[k], errs[k], lost))
-		}
+		job.setOutcomes(len(items), func(k int) (int, error) {
+			return items[k].idx, keyError(job.kind, &items[k].obj, results[k], errs[k], lost)
+		})
 	}
 	if lost == nil && !errors.Is(err, conn.ErrUnavailable) {
 		settle()

@@ -18,8 +18,10 @@ type transport interface {
 	// answered), and every such error joined. The results have one entry
 	// per item, always.
 	move(ctx context.Context, kind jobKind, items []item) (ok []bool, errs []error, err error)
-	// flush asks the server to persist what was stored: a store's last
-	// call. It answers true at once where there is nothing to persist.
+	// flush asks the server to finish what its tiers have pending (copies
+	// on to its SSD tier, which can hold up eviction); a refused store's
+	// retry comes after one. It answers true at once where there is no
+	// lower tier.
 	flush(ctx context.Context) (bool, error)
 	// ranged reports whether multi-range items move as they are.
 	ranged() bool
@@ -47,7 +49,7 @@ func (t rangedTransport) ranged() bool     { return true }
 func (t rangedTransport) conn() *conn.Conn { return t.c }
 
 // flush answers true at once: a server offers ranged I/O only with its SSD
-// tier off, so its Flush has nothing to persist and would cost a round trip.
+// tier off, so its Flush has nothing to finish and would cost a round trip.
 func (t rangedTransport) flush(context.Context) (bool, error) { return true, nil }
 
 func (t rangedTransport) move(ctx context.Context, kind jobKind, items []item) ([]bool, []error, error) {

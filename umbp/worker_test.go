@@ -546,3 +546,31 @@ func TestStoreRetryTransportFails(t *testing.T) {
 		t.Fatalf("store: %s, key error %v; want the retry's transport error", job.Status(), job.KeyErr(0))
 	}
 }
+
+// TestStoreEndsWithoutFlush: a store is done when its BatchPut answers (the
+// server copies on to a lower tier from its pool, never from the engine's
+// memory), so no store waits for a Flush; a refused key's retry, on a server
+// without ranged I/O, follows one.
+func TestStoreEndsWithoutFlush(t *testing.T) {
+	t.Cleanup(umbp.SetStoreRetryBackoff([]time.Duration{time.Millisecond}))
+	srv := newServer(t, umbptest.Options{Version: 1, Capacity: 64 << 10})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	e := newEngine(t, rt, 1, 4, 16<<10)
+	job := e.w.Store(e.plans(t, "fits", 0, 1))
+	waitJob(t, e.w, job)
+	if job.Status() != umbp.JobCompleted {
+		t.Fatalf("store: %s %v", job.Status(), job.Err())
+	}
+	if n := srv.Calls("Flush"); n != 0 {
+		t.Fatalf("a store that the server took sent %d Flush calls", n)
+	}
+	big := newEngine(t, rt, 1, 1, 128<<10) // larger than the pool: refused
+	job = big.w.Store(big.plans(t, "big", 0))
+	waitJob(t, big.w, job)
+	if !errors.Is(job.KeyErr(0), umbp.ErrRefused) {
+		t.Fatalf("store of an object larger than the pool: %v, want ErrRefused", job.KeyErr(0))
+	}
+	if n := srv.Calls("Flush"); n != 1 {
+		t.Fatalf("a refused key's retry followed %d Flush calls, want 1", n)
+	}
+}

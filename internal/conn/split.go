@@ -129,6 +129,9 @@ func (e *BatchError) Unwrap() []error {
 // ErrFor returns the error of entry i, or nil if its span was answered.
 // It also works on a plain error, which then applies to every entry.
 func ErrFor(err error, i int) error {
+	if err == nil {
+		return nil
+	}
 	var be *BatchError
 	if !errors.As(err, &be) {
 		return err
