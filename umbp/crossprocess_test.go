@@ -100,12 +100,13 @@ func TestStagingBufferNotReused(t *testing.T) {
 		t.Skip("runs a child process")
 	}
 	srv := newServer(t, umbptest.Options{Version: 1})
-	srv.Stall("Flush") // holds the warm-up store at its end
+	srv.Stall("BatchExists") // the child looks up once its warm-up store ended
 	out := startChild(t, "TestStagingBufferNotReusedChild", srv.Endpoint())
-	waitCalls(t, srv, "Flush", 1) // the warm-up store has its staging buffer
-	srv.Stall("BatchPut")         // the next store is held
-	srv.Resume("Flush")
-	waitCalls(t, srv, "BatchPut", 2)
+	waitCalls(t, srv, "BatchExists", 1) // the warm-up store has its staging buffer
+	srv.Stall("BatchPut")               // the next store is held
+	puts := srv.Calls("BatchPut")
+	srv.Resume("BatchExists")
+	waitCalls(t, srv, "BatchPut", puts+1)
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
 	}
@@ -125,10 +126,16 @@ func TestStagingBufferNotReusedChild(t *testing.T) {
 	ep := childEndpoint(t)
 	cfg := testConfig(t, ep)
 	cfg.Timeout = 5 * time.Second
+	cfg.LookupTimeout = time.Minute // held until the parent has stalled stores
 	rt := newRuntime(t, cfg)
+	sched, err := rt.NewSchedulerHandle(t.Context(), "test", umbp.RankTopology{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	e := newEngine(t, rt, 2, 8, 4096) // two ranges per block: staged
 	warm := e.w.Store(e.plans(t, "warm", 0))
 	<-warm.Done()
+	sched.Lookup(t.Context(), []string{"a", "b"}) // tells the parent
 	first := e.w.Store(e.plans(t, "first", 1))
 	waitReconnects(t, e.w, 1)
 	second := e.w.Store(e.plans(t, "second", 2))

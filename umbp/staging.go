@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -104,7 +105,57 @@ func (w *WorkerHandle) prepareStaging(ctx context.Context) {
 		return
 	}
 	b.prefault()
+	if err := w.warmStaging(ctx, c, b); err != nil {
+		// The server may still be writing into it: never used.
+		w.log.Debug("UMBP standalone staging buffer not warmed up; the first staged transfer makes another", "endpoint", w.address, "err", err)
+		return
+	}
 	w.staging.put(b)
+}
+
+// The object of zeros that warmStaging stores once and loads across a new
+// staging buffer. Every client stores the same bytes under its name.
+const (
+	warmUpSize = 64 << 10
+	warmUpKey  = "umbp-go/staging-warm-up/65536"
+)
+
+// warmStaging has the server write every page of the new staging buffer b
+// once, within Timeout: a server maps a registration lazily and takes a
+// fault a page on its first write into it, which would otherwise fall on
+// the first staged load (the first store's reads fault in a page run at a
+// time, and cost little). It loads one small object of zeros into every
+// part of b; the pool keeps that one object. An error leaves b in an
+// unknown state: the server may still be writing into it.
+func (w *WorkerHandle) warmStaging(ctx context.Context, c *conn.Conn, b *HostBuffer) error {
+	ctx, cancel := context.WithTimeout(ctx, w.timeout)
+	defer cancel()
+	base, n := uint64(b.base()), b.mappedSize()/warmUpSize
+	if n == 0 {
+		return nil
+	}
+	// b is all zeros: it was just created.
+	stored, err := c.BatchPut(ctx, []string{warmUpKey}, []conn.Segment{{RegionBase: base, Size: warmUpSize}})
+	if err != nil {
+		return err
+	}
+	if !stored[0] {
+		return fmt.Errorf("%w: the warm-up object was not stored", ErrRefused)
+	}
+	keys := make([]string, n)
+	segs := make([]conn.Segment, n)
+	for i := range keys {
+		keys[i] = warmUpKey
+		segs[i] = conn.Segment{RegionBase: base, Offset: uint64(i) * warmUpSize, Size: warmUpSize}
+	}
+	loaded, err := c.BatchGet(ctx, keys, segs)
+	if err != nil {
+		return err
+	}
+	if slices.Contains(loaded, false) {
+		return fmt.Errorf("%w: the warm-up object was not loaded everywhere", ErrNotInPool)
+	}
+	return nil
 }
 
 // has reports whether a free staging buffer of at least size bytes exists.

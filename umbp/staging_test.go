@@ -18,6 +18,10 @@ func TestStagingPreparedAtRegistration(t *testing.T) {
 	if n := srv.Calls(umbptest.FDHandoff); n != 2 {
 		t.Fatalf("%d fd handoffs at registration, want 2 (the KV buffer and a staging buffer)", n)
 	}
+	// The server has written every part of the staging buffer once.
+	if put, get := srv.Calls("BatchPut"), srv.Calls("BatchGet"); put != 1 || get != 1 {
+		t.Fatalf("%d BatchPut and %d BatchGet calls at registration, want 1 and 1 (the warm-up)", put, get)
+	}
 	plans := e.plans(t, "first", 0, 1, 2, 3, 4, 5, 6, 7)
 	e.fill(plans, 7)
 	job := e.w.Store(plans)
@@ -27,6 +31,20 @@ func TestStagingPreparedAtRegistration(t *testing.T) {
 	}
 	if n := srv.Calls(umbptest.FDHandoff); n != 2 {
 		t.Fatalf("%d fd handoffs after the first staged store, want still 2", n)
+	}
+
+	// A warm-up that fails leaves its buffer unused: the server may still be
+	// writing into it. The first staged transfer makes another.
+	srv4 := newServer(t, umbptest.Options{Version: 1})
+	srv4.FailNext("BatchGet", 1)
+	e4 := newEngine(t, newRuntime(t, testConfig(t, srv4.Endpoint())), 4, 8, 1024)
+	job = e4.w.Store(e4.plans(t, "after-failed-warm-up", 0))
+	waitJob(t, e4.w, job)
+	if job.Status() != umbp.JobCompleted {
+		t.Fatalf("staged store after a failed warm-up: %s %v", job.Status(), job.Err())
+	}
+	if n := srv4.Calls(umbptest.FDHandoff); n != 3 {
+		t.Fatalf("%d fd handoffs, want 3 (the KV buffer, the failed staging buffer, a new one)", n)
 	}
 
 	// One range a block: nothing to stage, nothing prepared.
