@@ -51,7 +51,8 @@
 //	                     topology, refused before any I/O
 //
 // [TransferJob.Err] joins a failed job's distinct key errors, each matched
-// by errors.Is and errors.As; [TransferJob.KeyErr] gives one key's. A
+// by errors.Is and errors.As (its text spells out the first three and counts
+// the rest); [TransferJob.KeyErr] gives one key's. A
 // not-attempted key's text starts with "transfer not attempted", as vLLM's
 // runtime prints it.
 //

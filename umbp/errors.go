@@ -83,12 +83,19 @@ type jobError struct {
 	failed int
 }
 
+// jobErrorShown is how many distinct key errors a job's error text spells
+// out; a miss of many keys is as many distinct errors (each names its key),
+// and a log line need not hold them all. Unwrap and KeyErr have every one.
+const jobErrorShown = 3
+
 // Error reads "umbp: store failed for 2 of 4 keys: <error>", or with
-// several distinct errors "…: 1 key: <error>; 1 key: <error>".
+// several distinct errors "…: 1 key: <error>; 1 key: <error>", the first
+// jobErrorShown of them, then "; and 5 more keys (5 other errors)".
 func (e *jobError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "umbp: %s failed for %d of %s: ", e.kind, e.failed, plural(e.keys, "key"))
-	for i, err := range e.errs {
+	shown := 0
+	for i, err := range e.errs[:min(len(e.errs), jobErrorShown)] {
 		if i > 0 {
 			b.WriteString("; ")
 		}
@@ -96,6 +103,10 @@ func (e *jobError) Error() string {
 			b.WriteString(plural(e.counts[i], "key") + ": ")
 		}
 		b.WriteString(err.Error())
+		shown += e.counts[i]
+	}
+	if rest := len(e.errs) - jobErrorShown; rest > 0 {
+		fmt.Fprintf(&b, "; and %s (%s)", plural(e.failed-shown, "more key"), plural(rest, "other error"))
 	}
 	return b.String()
 }

@@ -302,6 +302,21 @@ func TestJobErrorText(t *testing.T) {
 			t.Errorf("%q lacks %q", msg, want)
 		}
 	}
+	// Many distinct errors: the first few are spelled out, the rest
+	// counted; each is still matched and kept.
+	job = e.w.Load(e.plans(t, "absent", 0, 1, 2, 3))
+	waitJob(t, e.w, job)
+	msg = job.Err().Error()
+	want := `umbp: load failed for 4 of 4 keys: 1 key: umbp: not in the pool: key "absent-0"`
+	if !strings.HasPrefix(msg, want) || !strings.HasSuffix(msg, "; and 1 more key (1 other error)") || strings.Contains(msg, `"absent-3"`) {
+		t.Errorf("four missing keys: %q", msg)
+	}
+	if n := len(job.Err().(interface{ Unwrap() []error }).Unwrap()); n != 4 {
+		t.Errorf("the job's error holds %d errors, want 4", n)
+	}
+	if !errors.Is(job.KeyErr(3), umbp.ErrNotInPool) || !strings.Contains(job.KeyErr(3).Error(), `"absent-3"`) {
+		t.Errorf("KeyErr(3) = %v", job.KeyErr(3))
+	}
 	// One error for every key: said once, without a count.
 	if err := e.w.Close(); err != nil {
 		t.Fatal(err)

@@ -234,9 +234,10 @@ func (j *TransferJob) KeyErr(i int) error {
 }
 
 // Err returns why the job failed or was cancelled, nil otherwise (a job
-// still running included). A FAILED job's error names every distinct key
-// error once, with how many keys it failed, and errors.Is and errors.As see
-// each of them; a CANCELLED job's matches ErrCancelled.
+// still running included). A FAILED job's error holds every distinct key
+// error once, and errors.Is and errors.As see each of them; its text spells
+// out the first three, each with how many keys it failed, and counts the
+// rest. A CANCELLED job's matches ErrCancelled.
 func (j *TransferJob) Err() error {
 	if j == nil {
 		return errNilJob
