@@ -105,11 +105,12 @@ type TransferJob struct {
 	mu        sync.Mutex
 	phase     phase
 	status    JobStatus
-	errs      []error // each plan's error; nil on success or without an outcome
-	has       []bool  // which plans have an outcome
-	left      int     // plans without an outcome
-	cancelled error   // why a CANCELLED job was withdrawn
-	submitted bool    // handed to the transfer goroutines
+	errs      []error  // each plan's error; nil on success or without an outcome
+	sizes     []uint64 // each plan's object size, once resolved (before it runs)
+	has       []bool   // which plans have an outcome
+	left      int      // plans without an outcome
+	cancelled error    // why a CANCELLED job was withdrawn
+	submitted bool     // handed to the transfer goroutines
 	deadline  time.Time
 	timer     *time.Timer // fires expire at the deadline
 	// drop releases what the transfer would have released had it run (an
@@ -466,9 +467,9 @@ func (j *TransferJob) connection() *conn.Conn {
 func (j *TransferJob) summary() (submitted bool, status JobStatus, bytes uint64) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	for i := range j.plans {
+	for i, size := range j.sizes {
 		if j.has[i] && j.errs[i] == nil {
-			bytes += j.plans[i].ObjectSize()
+			bytes += size
 		}
 	}
 	return j.submitted, j.status, bytes

@@ -133,6 +133,7 @@ func (w *WorkerHandle) resolvePlansLocked(job *TransferJob, ranged bool) []item 
 		n += len(job.plans[i].Ranges)
 	}
 	slab := make([]conn.Range, n)
+	job.sizes = make([]uint64, len(job.plans)) // the job runs on no other goroutine yet
 	for i := range job.plans {
 		p := &job.plans[i]
 		if job.hasOutcome(i) { // failed in planning
@@ -144,6 +145,7 @@ func (w *WorkerHandle) resolvePlansLocked(job *TransferJob, ranged bool) []item 
 		}
 		nr := len(p.Ranges)
 		obj := conn.Object{Key: p.Key, Size: p.ObjectSize(), Ranges: slab[:nr:nr]}
+		job.sizes[i] = obj.Size
 		slab = slab[nr:]
 		var bad error
 		host := true
