@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
@@ -92,7 +93,7 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 		return refuse(err)
 	}
 	tr := w.transportFor(c)
-	items := w.resolvePlansLocked(job, tr.ranged())
+	items, slab := w.resolvePlansLocked(job, tr.ranged())
 	if len(items) == 0 {
 		if drop != nil {
 			drop()
@@ -104,7 +105,11 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 	w.jobsMu.Lock()
 	w.inflight[job] = struct{}{}
 	w.jobsMu.Unlock()
-	if err := w.pool.Go(func() { w.run(job, tr, items, barrier) }); err != nil {
+	if err := w.pool.Go(func() {
+		if w.run(job, tr, items, barrier) {
+			rangeSlabs.Put(slab) // no item is used any more
+		}
+	}); err != nil {
 		job.failQueued(ErrClosed)
 		return job
 	}
@@ -123,16 +128,15 @@ func (w *WorkerHandle) refuseBlocked(job *TransferJob, n int64) {
 
 // resolvePlansLocked validates each plan and maps its ranges into registered
 // regions. Plans that fail get their outcome now; the rest are returned.
-// w.mu is held.
-func (w *WorkerHandle) resolvePlansLocked(job *TransferJob, ranged bool) []item {
+// Every item's ranges lie in one slab, taken from rangeSlabs. w.mu is held.
+func (w *WorkerHandle) resolvePlansLocked(job *TransferJob, ranged bool) ([]item, *rangeSlab) {
 	items := make([]item, 0, len(job.plans))
-	// Every plan's ranges in one allocation: a job's plans are many and
-	// their ranges few each.
 	n := 0
 	for i := range job.plans {
 		n += len(job.plans[i].Ranges)
 	}
-	slab := make([]conn.Range, n)
+	rs := rangeSlabs.Get(n)
+	slab := rs.ranges
 	job.sizes = make([]uint64, len(job.plans)) // the job runs on no other goroutine yet
 	for i := range job.plans {
 		p := &job.plans[i]
@@ -177,8 +181,37 @@ func (w *WorkerHandle) resolvePlansLocked(job *TransferJob, ranged bool) []item 
 		}
 		items = append(items, item{idx: i, obj: obj, single: single, host: host})
 	}
-	return items
+	return items, rs
 }
+
+// rangeSlab holds the ranges of a job's items: a job's plans are many and
+// their ranges few each, and a ranged job's ranges are thousands (a quarter
+// MiB for 8192), so they come in one allocation, reused once the job's
+// transfer no longer reads them.
+type rangeSlab struct{ ranges []conn.Range }
+
+type slabPool struct{ p sync.Pool }
+
+var rangeSlabs slabPool
+
+// Get returns a slab of n ranges.
+func (s *slabPool) Get(n int) *rangeSlab {
+	if rs, ok := s.p.Get().(*rangeSlab); ok && cap(rs.ranges) >= n {
+		rs.ranges = rs.ranges[:n]
+		return rs
+	}
+	return &rangeSlab{ranges: make([]conn.Range, n)}
+}
+
+// Put keeps rs for another job, unless it is larger than jobs need often.
+func (s *slabPool) Put(rs *rangeSlab) {
+	if cap(rs.ranges) <= maxPooledRanges {
+		s.p.Put(rs)
+	}
+}
+
+// maxPooledRanges bounds the slabs kept for reuse (2 MiB).
+const maxPooledRanges = 1 << 16
 
 // coalesce merges ranges that continue one another both in registered
 // memory (same region, next offset) and in the object, so that a block laid
@@ -209,11 +242,12 @@ func coalesce(rs []conn.Range) []conn.Range {
 // run performs the job's transfer on a transfer goroutine. Its RPCs carry
 // no deadline: the server uses the buffers until it answers. When the
 // transport fails under an RPC, the job is detached and settled only once
-// the server process is known to be gone.
-func (w *WorkerHandle) run(job *TransferJob, tr transport, items []item, barrier *streamEvent) {
+// the server process is known to be gone. It reports whether it is done
+// with items (false while a detached job still holds them).
+func (w *WorkerHandle) run(job *TransferJob, tr transport, items []item, barrier *streamEvent) (done bool) {
 	deadline, ok := job.begin(w.timeout, barrier != nil)
 	if !ok {
-		return // ended while queued; its drop released the barrier
+		return true // ended while queued; its drop released the barrier
 	}
 	detached := false
 	defer func() {
@@ -226,7 +260,7 @@ func (w *WorkerHandle) run(job *TransferJob, tr transport, items []item, barrier
 		barrier.release()
 		if err != nil {
 			job.failRest(notAttempted(fmt.Errorf("waiting for the engine's stream: %w", err)))
-			return
+			return true
 		}
 		job.streamReady()
 	}
@@ -254,7 +288,7 @@ func (w *WorkerHandle) run(job *TransferJob, tr transport, items []item, barrier
 	}
 	if lost == nil && !errors.Is(err, conn.ErrUnavailable) {
 		settle()
-		return
+		return true
 	}
 	// The transport failed, not necessarily the server: one that lives on
 	// may still be copying. The job keeps its buffers until that process
@@ -272,6 +306,7 @@ func (w *WorkerHandle) run(job *TransferJob, tr transport, items []item, barrier
 		}
 		settle()
 	}()
+	return false
 }
 
 // errInternal fails what a transfer left without an outcome (a panic).

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
+	"sync"
 	"unicode/utf8"
 
 	"google.golang.org/grpc"
@@ -162,17 +164,18 @@ func (c *Conn) batchRanges(ctx context.Context, op string, objs []Object, put bo
 				ranges += len(o.Ranges)
 			}
 		}
-		req := &umbppb.BatchRangeDataRequest{
-			Keys:          make([]string, 0, len(chunk)),
-			ClientId:      c.clientID,
-			RangeCounts:   make([]uint32, 0, len(chunk)),
-			ShmOffsets:    make([]uint64, 0, ranges),
-			RegionBases:   make([]uint64, 0, ranges),
-			Sizes:         make([]uint64, 0, ranges),
-			ObjectOffsets: make([]uint64, 0, ranges),
-		}
+		req := rangedRequests.Get().(*umbppb.BatchRangeDataRequest)
+		defer recycleRanged(req)
+		req.ClientId = c.clientID
+		req.Keys = slices.Grow(req.Keys[:0], len(chunk))
+		req.RangeCounts = slices.Grow(req.RangeCounts[:0], len(chunk))
+		req.ShmOffsets = slices.Grow(req.ShmOffsets[:0], ranges)
+		req.RegionBases = slices.Grow(req.RegionBases[:0], ranges)
+		req.Sizes = slices.Grow(req.Sizes[:0], ranges)
+		req.ObjectOffsets = slices.Grow(req.ObjectOffsets[:0], ranges)
+		req.ObjectSizes = req.ObjectSizes[:0] // sent only when not empty: a put's
 		if put {
-			req.ObjectSizes = make([]uint64, 0, len(chunk))
+			req.ObjectSizes = slices.Grow(req.ObjectSizes, len(chunk))
 		}
 		for _, o := range chunk {
 			req.Keys = append(req.Keys, o.Key)
@@ -194,6 +197,27 @@ func (c *Conn) batchRanges(ctx context.Context, op string, objs []Object, put bo
 		return resp.GetOk(), nil
 	})
 }
+
+// rangedRequests recycles ranged requests, whose arrays are a ranged job's
+// largest allocation (half a MiB for 8192 ranges): nothing holds a request
+// once its call has returned, gRPC having encoded it (a stats handler that
+// is passed it must copy it to keep it).
+var rangedRequests = sync.Pool{New: func() any { return new(umbppb.BatchRangeDataRequest) }}
+
+// recycleRanged returns req to rangedRequests, its keys dropped, unless its
+// arrays grew too large to keep.
+func recycleRanged(req *umbppb.BatchRangeDataRequest) {
+	if cap(req.ShmOffsets) > maxRecycledRanges {
+		return
+	}
+	clear(req.Keys[:cap(req.Keys)])
+	req.Keys = req.Keys[:0]
+	rangedRequests.Put(req)
+}
+
+// maxRecycledRanges bounds the requests kept for reuse: 64 Ki ranges, about
+// 2.5 MiB of arrays.
+const maxRecycledRanges = 1 << 16
 
 // checkKey refuses an empty key and one that is not UTF-8 (a proto3 string
 // must be).
