@@ -138,6 +138,7 @@ func (w *WorkerHandle) resolvePlansLocked(job *TransferJob, ranged bool) ([]item
 	rs := rangeSlabs.Get(n)
 	slab := rs.ranges
 	job.sizes = make([]uint64, len(job.plans)) // the job runs on no other goroutine yet
+	var last *memRegion
 	for i := range job.plans {
 		p := &job.plans[i]
 		if job.hasOutcome(i) { // failed in planning
@@ -154,7 +155,11 @@ func (w *WorkerHandle) resolvePlansLocked(job *TransferJob, ranged bool) ([]item
 		var bad error
 		host := true
 		for k, r := range p.Ranges {
-			reg := w.resolveLocked(r.BaseAddress, r.Length)
+			reg := last // a plan's ranges mostly lie in the region of the one before
+			if reg == nil || !reg.contains(r.BaseAddress, r.Length) {
+				reg = w.resolveLocked(r.BaseAddress, r.Length)
+				last = reg
+			}
 			if reg == nil {
 				bad = fmt.Errorf("%w: key %q range %d (%d bytes at %#x, layer %q) lies outside registered memory",
 					ErrInvalidPlan, p.Key, k, r.Length, r.BaseAddress, r.LayerName)

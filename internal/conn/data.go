@@ -2,6 +2,7 @@ package conn
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"slices"
@@ -137,6 +138,15 @@ func (c *Conn) batchRanges(ctx context.Context, op string, objs []Object, put bo
 	if put {
 		packed++ // object_sizes
 	}
+	// A request far below the message limit is one span: its size is
+	// bounded without sizing every range's varints.
+	bound := fixedCost(len(c.clientID), packed) + total*4*binary.MaxVarintLen64
+	for _, o := range objs {
+		bound += bytesField(len(o.Key)) + 2*binary.MaxVarintLen64
+	}
+	if bound <= maxRequestBytes {
+		return c.runSpans(ctx, op, n, []span{{0, n}}, c.rangedCall(op, objs, total, put))
+	}
 	spans, err := split(op, n, fixedCost(len(c.clientID), packed), func(i int) int {
 		o := objs[i]
 		size := bytesField(len(o.Key)) + varint(uint64(len(o.Ranges)))
@@ -151,11 +161,18 @@ func (c *Conn) batchRanges(ctx context.Context, op string, objs []Object, put bo
 	if err != nil {
 		return make([]bool, n), err
 	}
+	return c.runSpans(ctx, op, n, spans, c.rangedCall(op, objs, total, put))
+}
+
+// rangedCall returns the call that sends the span s of objs (total ranges
+// in all) as one ranged request.
+func (c *Conn) rangedCall(op string, objs []Object, total int, put bool) func(context.Context, span) ([]bool, error) {
+	n := len(objs)
 	rpc := c.raw.BatchGetRanges
 	if put {
 		rpc = c.raw.BatchPutRanges
 	}
-	return c.runSpans(ctx, op, n, spans, func(ctx context.Context, s span) ([]bool, error) {
+	return func(ctx context.Context, s span) ([]bool, error) {
 		chunk := objs[s.start:s.end]
 		ranges := total
 		if s.len() != n {
@@ -195,7 +212,7 @@ func (c *Conn) batchRanges(ctx context.Context, op string, objs []Object, put bo
 			return nil, c.rpcError(ctx, op, err)
 		}
 		return resp.GetOk(), nil
-	})
+	}
 }
 
 // rangedRequests recycles ranged requests, whose arrays are a ranged job's
