@@ -65,6 +65,7 @@ func (c *Conn) batchData(ctx context.Context, op string, keys []string, segs []S
 	if len(segs) != n {
 		return make([]bool, n), invalid(op, "%d keys but %d segments", n, len(segs))
 	}
+	bound := fixedCost(len(c.clientID), 3) // a request far below the limit is one span
 	for i, k := range keys {
 		if err := checkKey(op, i, k); err != nil {
 			return make([]bool, n), err
@@ -72,16 +73,21 @@ func (c *Conn) batchData(ctx context.Context, op string, keys []string, segs []S
 		if err := checkSegment(op, i, segs[i]); err != nil {
 			return make([]bool, n), err
 		}
+		bound += bytesField(len(k)) + 3*binary.MaxVarintLen64
 	}
 	if n == 0 {
 		return []bool{}, nil
 	}
-	spans, err := split(op, n, fixedCost(len(c.clientID), 3), func(i int) int {
-		s := segs[i]
-		return bytesField(len(keys[i])) + varint(s.Offset) + varint(s.Size) + varint(s.RegionBase)
-	})
-	if err != nil {
-		return make([]bool, n), err
+	spans := []span{{0, n}}
+	if bound > maxRequestBytes {
+		var err error
+		spans, err = split(op, n, fixedCost(len(c.clientID), 3), func(i int) int {
+			s := segs[i]
+			return bytesField(len(keys[i])) + varint(s.Offset) + varint(s.Size) + varint(s.RegionBase)
+		})
+		if err != nil {
+			return make([]bool, n), err
+		}
 	}
 	return c.runSpans(ctx, op, n, spans, func(ctx context.Context, s span) ([]bool, error) {
 		req := &umbppb.BatchDataRequest{
