@@ -67,9 +67,31 @@ func (b *copyBatch) queue(item int, c GPUCopy) {
 	b.items = append(b.items, item)
 }
 
-// newCopyBatch returns a batch for a request of about n copies.
+// newCopyBatch returns a batch for a request of about n copies; the
+// request releases it when it is done with it.
 func (s *Server) newCopyBatch(n int) copyBatch {
+	if p, ok := hostCopyLists.Get().(*[]hostCopy); ok && cap(*p) >= n {
+		return copyBatch{s: s, host: (*p)[:0]}
+	}
 	return copyBatch{s: s, host: make([]hostCopy, 0, n)}
+}
+
+// hostCopyLists recycles batches' host copy lists (a ranged request of 8192
+// ranges makes a list of half a MiB). A list's entries past its length are
+// always zero: wait clears the ones it made, release the rest.
+var hostCopyLists sync.Pool
+
+// maxPooledCopies bounds the lists kept for reuse (3.5 MiB).
+const maxPooledCopies = 1 << 16
+
+// release gives the batch's copy list back for another request. The batch
+// is not used again.
+func (b *copyBatch) release() {
+	clear(b.host)
+	if h := b.host[:0]; cap(h) <= maxPooledCopies {
+		hostCopyLists.Put(&h)
+	}
+	b.host = nil
 }
 
 func (b *copyBatch) queueHost(item int, dst, src []byte) {

@@ -145,6 +145,7 @@ func (s *Server) batchPut(keys []string, client string, offs, sizes, bases []uin
 	// the same key replaces an earlier one) once they are done.
 	objs := make([]batchObject, 0, len(keys))
 	b := s.newCopyBatch(len(keys))
+	defer b.release()
 	finish := func() {
 		b.wait(func(item int, err error) { objs[item].err = err })
 		for _, p := range objs {
@@ -229,6 +230,7 @@ func (v *service) BatchGet(_ context.Context, req *umbppb.BatchDataRequest) (*um
 	// Objects stay acquired until their copies, made together, are done.
 	objs := make([]batchObject, 0, len(keys))
 	b := s.newCopyBatch(len(keys))
+	defer b.release()
 	for i, k := range keys {
 		o := s.pool.acquire(k)
 		if o == nil {
