@@ -121,15 +121,14 @@ const (
 )
 
 // warmStaging has the server write every page of the new staging buffer b
-// once, within Timeout: a server maps a registration lazily and takes a
-// fault a page on its first write into it, which would otherwise fall on
-// the first staged load (the first store's reads fault in a page run at a
-// time, and cost little). It loads one small object of zeros into every
-// part of b; the pool keeps that one object. An error leaves b in an
-// unknown state: the server may still be writing into it.
+// once, within ctx (RegisterBuffers bounds it by Timeout): a server maps a
+// registration lazily and takes a fault a page on its first write into it,
+// which would otherwise fall on the first staged load (the first store's
+// reads fault in a page run at a time, and cost little). It loads one small
+// object of zeros into every part of b; the pool keeps that one object. An
+// error leaves b in an unknown state: the server may still be writing into
+// it.
 func (w *WorkerHandle) warmStaging(ctx context.Context, c *conn.Conn, b *HostBuffer) error {
-	ctx, cancel := context.WithTimeout(ctx, w.timeout)
-	defer cancel()
 	base, n := uint64(b.base()), b.mappedSize()/warmUpSize
 	if n == 0 {
 		return nil

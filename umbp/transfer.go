@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
+	"github.com/umbp-go/umbp-go/internal/slicepool"
 )
 
 // TransferOption adjusts one store.
@@ -129,14 +129,14 @@ func (w *WorkerHandle) refuseBlocked(job *TransferJob, n int64) {
 // resolvePlansLocked validates each plan and maps its ranges into registered
 // regions. Plans that fail get their outcome now; the rest are returned.
 // Every item's ranges lie in one slab, taken from rangeSlabs. w.mu is held.
-func (w *WorkerHandle) resolvePlansLocked(job *TransferJob, ranged bool) ([]item, *rangeSlab) {
+func (w *WorkerHandle) resolvePlansLocked(job *TransferJob, ranged bool) ([]item, []conn.Range) {
 	items := make([]item, 0, len(job.plans))
 	n := 0
 	for i := range job.plans {
 		n += len(job.plans[i].Ranges)
 	}
-	rs := rangeSlabs.Get(n)
-	slab := rs.ranges
+	all := rangeSlabs.Get(n)
+	slab := all
 	job.sizes = make([]uint64, len(job.plans)) // the job runs on no other goroutine yet
 	var last *memRegion
 	for i := range job.plans {
@@ -186,37 +186,14 @@ func (w *WorkerHandle) resolvePlansLocked(job *TransferJob, ranged bool) ([]item
 		}
 		items = append(items, item{idx: i, obj: obj, single: single, host: host})
 	}
-	return items, rs
+	return items, all
 }
 
-// rangeSlab holds the ranges of a job's items: a job's plans are many and
+// rangeSlabs holds the ranges of jobs' items: a job's plans are many and
 // their ranges few each, and a ranged job's ranges are thousands (a quarter
-// MiB for 8192), so they come in one allocation, reused once the job's
-// transfer no longer reads them.
-type rangeSlab struct{ ranges []conn.Range }
-
-type slabPool struct{ p sync.Pool }
-
-var rangeSlabs slabPool
-
-// Get returns a slab of n ranges.
-func (s *slabPool) Get(n int) *rangeSlab {
-	if rs, ok := s.p.Get().(*rangeSlab); ok && cap(rs.ranges) >= n {
-		rs.ranges = rs.ranges[:n]
-		return rs
-	}
-	return &rangeSlab{ranges: make([]conn.Range, n)}
-}
-
-// Put keeps rs for another job, unless it is larger than jobs need often.
-func (s *slabPool) Put(rs *rangeSlab) {
-	if cap(rs.ranges) <= maxPooledRanges {
-		s.p.Put(rs)
-	}
-}
-
-// maxPooledRanges bounds the slabs kept for reuse (2 MiB).
-const maxPooledRanges = 1 << 16
+// MiB for 8192), so they come in one slice, reused once the job's transfer
+// no longer reads them. Slabs of up to 64 Ki ranges (2 MiB) are kept.
+var rangeSlabs = slicepool.New[conn.Range](1 << 16)
 
 // coalesce merges ranges that continue one another both in registered
 // memory (same region, next offset) and in the object, so that a block laid

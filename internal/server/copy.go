@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/umbp-go/umbp-go/internal/slicepool"
 )
 
 // copyBatch makes one request's copies between regions and the pool. Copies
@@ -70,27 +72,18 @@ func (b *copyBatch) queue(item int, c GPUCopy) {
 // newCopyBatch returns a batch for a request of about n copies; the
 // request releases it when it is done with it.
 func (s *Server) newCopyBatch(n int) copyBatch {
-	if p, ok := hostCopyLists.Get().(*[]hostCopy); ok && cap(*p) >= n {
-		return copyBatch{s: s, host: (*p)[:0]}
-	}
-	return copyBatch{s: s, host: make([]hostCopy, 0, n)}
+	return copyBatch{s: s, host: hostCopyLists.Get(n)[:0]}
 }
 
 // hostCopyLists recycles batches' host copy lists (a ranged request of 8192
-// ranges makes a list of half a MiB). A list's entries past its length are
-// always zero: wait clears the ones it made, release the rest.
-var hostCopyLists sync.Pool
-
-// maxPooledCopies bounds the lists kept for reuse (3.5 MiB).
-const maxPooledCopies = 1 << 16
+// ranges makes a list of half a MiB); lists of up to 64 Ki copies (3.5 MiB)
+// are kept.
+var hostCopyLists = slicepool.New[hostCopy](1 << 16)
 
 // release gives the batch's copy list back for another request. The batch
 // is not used again.
 func (b *copyBatch) release() {
-	clear(b.host)
-	if h := b.host[:0]; cap(h) <= maxPooledCopies {
-		hostCopyLists.Put(&h)
-	}
+	hostCopyLists.Put(b.host)
 	b.host = nil
 }
 

@@ -2,8 +2,8 @@ package server
 
 import (
 	"slices"
-	"sync"
 
+	"github.com/umbp-go/umbp-go/internal/slicepool"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
@@ -90,16 +90,11 @@ func cmpU64(a, b uint64) int {
 	return 0
 }
 
-// rangedSpans lists the memory the flattened ranges name, in a list from
-// spanLists that the caller gives back with putSpans.
+// rangedSpans lists the memory the flattened ranges name, in a slice from
+// spanLists that the caller gives back.
 func rangedSpans(req *umbppb.BatchRangeDataRequest) []span {
 	offs, bases, sizes := req.GetShmOffsets(), req.GetRegionBases(), req.GetSizes()
-	var spans []span
-	if p, ok := spanLists.Get().(*[]span); ok && cap(*p) >= len(offs) {
-		spans = (*p)[:len(offs)]
-	} else {
-		spans = make([]span, len(offs))
-	}
+	spans := spanLists.Get(len(offs))
 	for j := range spans {
 		spans[j] = span{base: bases[j], off: offs[j], size: sizes[j]}
 	}
@@ -107,15 +102,8 @@ func rangedSpans(req *umbppb.BatchRangeDataRequest) []span {
 }
 
 // spanLists recycles the span lists of ranged requests (a quarter MiB for
-// 8192 ranges).
-var spanLists sync.Pool
-
-func putSpans(spans []span) {
-	if cap(spans) <= maxPooledCopies {
-		spans = spans[:0]
-		spanLists.Put(&spans)
-	}
-}
+// 8192 ranges); lists of up to 64 Ki spans are kept.
+var spanLists = slicepool.New[span](1 << 16)
 
 // resolveRanged checks a ranged batch's shape and resolves every range it
 // names; a batch that fails either is all-false. On success the caller
@@ -126,7 +114,7 @@ func (s *Server) resolveRanged(req *umbppb.BatchRangeDataRequest, put bool) (sta
 		return nil, nil, nil, false
 	}
 	spans := rangedSpans(req)
-	defer putSpans(spans)
+	defer spanLists.Put(spans)
 	locs = make([]loc, len(spans))
 	l, ok = s.regs.resolve(req.GetClientId(), spans, true, locs)
 	return starts, locs, l, ok
