@@ -54,7 +54,7 @@ FUZZ_TARGETS := \
 	./umbp/vllmhash:FuzzPickle \
 	./umbp/vllmhash:FuzzUnpickle \
 	./umbp/vllmhash:FuzzChain \
-	./cmd/umbp-standalone-server:FuzzParseSize \
+	./internal/bytesize:FuzzParse \
 	./cmd/umbp:FuzzFlagValues
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \

@@ -16,13 +16,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"os"
 	"os/signal"
-	"strconv"
-	"strings"
 	"syscall"
 
+	"github.com/umbp-go/umbp-go/internal/bytesize"
 	"github.com/umbp-go/umbp-go/internal/server"
 )
 
@@ -66,7 +64,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
-	size, err := parseSize(*capacity)
+	size, err := bytesize.Parse(*capacity)
 	if err != nil {
 		log.Error("invalid -capacity", "err", err)
 		return 2
@@ -132,53 +130,4 @@ func gpuBackend(mode string, log *slog.Logger) (server.GPUBackend, int) {
 	}
 	log.Info("no GPU runtime: GPU IPC registration is refused", "reason", err)
 	return nil, 0
-}
-
-// parseSize reads a byte count: a decimal integer with an optional unit.
-// K, M, G, T, KiB, MiB, GiB, TiB are powers of 1024; KB, MB, GB, TB powers
-// of 1000; B is bytes. Units are case-insensitive and may follow a space.
-func parseSize(s string) (uint64, error) {
-	t := strings.TrimSpace(s)
-	i := 0
-	for i < len(t) && t[i] >= '0' && t[i] <= '9' {
-		i++
-	}
-	if i == 0 {
-		return 0, fmt.Errorf("size %q: want a number of bytes, like 4GiB", s)
-	}
-	n, err := strconv.ParseUint(t[:i], 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("size %q: %w", s, err)
-	}
-	unit := strings.ToLower(strings.TrimSpace(t[i:]))
-	var mult uint64
-	switch unit {
-	case "", "b":
-		mult = 1
-	case "k", "kib":
-		mult = 1 << 10
-	case "m", "mib":
-		mult = 1 << 20
-	case "g", "gib":
-		mult = 1 << 30
-	case "t", "tib":
-		mult = 1 << 40
-	case "kb":
-		mult = 1e3
-	case "mb":
-		mult = 1e6
-	case "gb":
-		mult = 1e9
-	case "tb":
-		mult = 1e12
-	default:
-		return 0, fmt.Errorf("size %q: unknown unit %q", s, t[i:])
-	}
-	if n > math.MaxUint64/mult {
-		return 0, fmt.Errorf("size %q overflows", s)
-	}
-	if n*mult == 0 {
-		return 0, fmt.Errorf("size %q: must not be 0", s)
-	}
-	return n * mult, nil
 }

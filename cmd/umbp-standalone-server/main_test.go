@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -191,42 +190,4 @@ func TestDefaultEndpoint(t *testing.T) {
 	if got := defaultEndpoint(); got != "unix:///run/umbp/standalone/n3.grpc.sock" {
 		t.Errorf("default endpoint %q", got)
 	}
-}
-
-func TestParseSize(t *testing.T) {
-	for in, want := range map[string]uint64{
-		"4096": 4096, "4GiB": 4 << 30, "512MiB": 512 << 20, "512M": 512 << 20, "1g": 1 << 30,
-		"2 KiB": 2048, "3KB": 3000, "1TB": 1e12, "1T": 1 << 40, "7b": 7, " 5 mb ": 5e6,
-	} {
-		got, err := parseSize(in)
-		if err != nil || got != want {
-			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
-		}
-	}
-	for _, in := range []string{"", "GiB", "-1", "1.5G", "4 GiBs", "0", "0GiB", "16777216TiB", "99999999999999999999", "1e9"} {
-		if got, err := parseSize(in); err == nil {
-			t.Errorf("parseSize(%q) = %d, want an error", in, got)
-		}
-	}
-}
-
-// FuzzParseSize: never panics; an accepted size is positive and round-trips
-// through its plain-bytes form.
-func FuzzParseSize(f *testing.F) {
-	for _, s := range []string{"4GiB", "512MiB", "1", "17 kb", "18446744073709551615", "16777215TiB", "x"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		n, err := parseSize(s)
-		if err != nil {
-			return
-		}
-		if n == 0 {
-			t.Fatalf("parseSize(%q) = 0", s)
-		}
-		back, err := parseSize(strconv.FormatUint(n, 10))
-		if err != nil || back != n {
-			t.Fatalf("round trip of %d: %d, %v", n, back, err)
-		}
-	})
 }

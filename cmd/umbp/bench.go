@@ -19,6 +19,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
+	"github.com/umbp-go/umbp-go/internal/bytesize"
 	"github.com/umbp-go/umbp-go/umbp"
 )
 
@@ -79,7 +80,7 @@ func benchFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string
 			return runSuite(ctx, e, c, sc, *asJSON)
 		}
 		var err error
-		if bc.objectSize, err = parseSize(*size); err != nil {
+		if bc.objectSize, err = bytesize.Parse(*size); err != nil {
 			return fmt.Errorf("%w: -object-size: %w", errUsage, err)
 		}
 		if err := bc.validate(); err != nil {

@@ -3,6 +3,8 @@ package main
 import (
 	"strings"
 	"testing"
+
+	"github.com/umbp-go/umbp-go/internal/bytesize"
 )
 
 // FuzzFlagValues feeds arbitrary text to every parser of the command line
@@ -28,8 +30,8 @@ func FuzzFlagValues(f *testing.F) {
 			}
 		}
 		_, _ = readTokens(strings.NewReader(s), nil)
-		if n, err := parseSize(s); err == nil && n == 0 {
-			t.Errorf("parseSize(%q) = 0 without an error", s)
+		if n, err := bytesize.Parse(s); err == nil && n == 0 {
+			t.Errorf("bytesize.Parse(%q) = 0 without an error", s)
 		}
 	})
 }

@@ -340,19 +340,6 @@ umbp:vllm:v1:llama:tp1:pcp0:dcp0:pp0:g0:2744667f6645310ff670b0c5d7c64987ffa5940d
 	mustRun(t, exitUsage, "", "key", "tokens", "-ns", "llama", "-seed", "0", "1", "99999999999")    // token out of range
 }
 
-func TestParseSize(t *testing.T) {
-	for in, want := range map[string]uint64{"1": 1, "4KiB": 4096, "4k": 4096, "2 MiB": 2 << 20, "1GB": 1e9, "3b": 3} {
-		if got, err := parseSize(in); err != nil || got != want {
-			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
-		}
-	}
-	for _, in := range []string{"", "0", "x", "1XB", "99999999999999999999", "16777216TiB"} {
-		if got, err := parseSize(in); err == nil {
-			t.Errorf("parseSize(%q) = %d, want an error", in, got)
-		}
-	}
-}
-
 func TestBench(t *testing.T) {
 	for _, opts := range []umbptest.Options{{}, {Version: 1}} {
 		t.Run(fmt.Sprintf("v%d", max(opts.Version, 2)), func(t *testing.T) {

@@ -1,4 +1,6 @@
-package main
+// Package bytesize reads the byte counts that the command-line tools take
+// as flags (-capacity, -object-size).
+package bytesize
 
 import (
 	"fmt"
@@ -7,11 +9,12 @@ import (
 	"strings"
 )
 
-// parseSize reads a byte count: a decimal integer with an optional unit.
-// K, M, G, T, KiB, MiB, GiB, TiB are powers of 1024; KB, MB, GB, TB powers
-// of 1000; B is bytes. Units are case-insensitive and may follow a space.
-// It is the grammar of the example server's -capacity.
-func parseSize(s string) (uint64, error) {
+// Parse reads a positive byte count: a decimal integer with an optional
+// unit. K, M, G, T, KiB, MiB, GiB, TiB are powers of 1024; KB, MB, GB, TB
+// powers of 1000; B is bytes. Units are case-insensitive and may follow a
+// space. Zero, fractions, exponents and counts that overflow a uint64 are
+// errors.
+func Parse(s string) (uint64, error) {
 	t := strings.TrimSpace(s)
 	i := 0
 	for i < len(t) && t[i] >= '0' && t[i] <= '9' {
