@@ -499,6 +499,10 @@ func (j *TransferJob) ended() bool {
 	}
 }
 
+// testHookQueuedWaitRanOut, when set by a test, runs as a wait for a
+// queued job gives up on it, before it withdraws the job.
+var testHookQueuedWaitRanOut func(*TransferJob)
+
 // waitEnded is wait's answer when ctx ended first: a job still queued fails
 // as not attempted; one running is still using its buffers.
 func (j *TransferJob) waitEnded(ctx context.Context) error {
@@ -552,10 +556,17 @@ func (j *TransferJob) wait(ctx context.Context, queuedFor time.Duration) error {
 		case phaseEnded:
 			return j.Err()
 		case phaseQueued:
+			if testHookQueuedWaitRanOut != nil {
+				testHookQueuedWaitRanOut(j)
+			}
 			if j.failQueued(errQueuedBehind) {
 				return j.Err()
 			}
-			continue // it started just now: wait for its own deadline
+			// It started just now: wait for its own deadline (the timer
+			// has fired; nothing else would end this wait).
+			_, dl := j.state()
+			timer.Reset(time.Until(dl))
+			continue
 		case phaseStream:
 			// It waits for the engine's stream, having sent nothing, and
 			// gives up at this same deadline: as not attempted.

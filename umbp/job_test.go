@@ -95,3 +95,30 @@ func TestWaitOfStartedJobEndsAtItsDeadline(t *testing.T) {
 	}
 	j.failRest(nil)
 }
+
+// A job that starts between the queued wait's end and its withdrawal is
+// waited for until its own deadline: the wait does not hang on it.
+func TestWaitForJobStartingAsItIsWithdrawn(t *testing.T) {
+	o := &nopOwner{}
+	j := newJob(kindLoad, []BlockTransferPlan{{Key: "k"}}, o)
+	testHookQueuedWaitRanOut = func(j *TransferJob) {
+		if _, ok := j.begin(50*time.Millisecond, false); !ok {
+			t.Error("begin failed")
+		}
+	}
+	defer func() { testHookQueuedWaitRanOut = nil }()
+	got := make(chan error, 1)
+	go func() { got <- j.wait(context.Background(), time.Millisecond) }()
+	select {
+	case err := <-got:
+		if !errors.Is(err, ErrBuffersInUse) {
+			t.Fatalf("wait = %v, want ErrBuffersInUse at the job's deadline", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the wait outlived the job's deadline by a minute")
+	}
+	if o.blocked.Load() != 1 {
+		t.Fatalf("blocked %d past the deadline, want 1", o.blocked.Load())
+	}
+	j.failRest(nil)
+}
