@@ -69,7 +69,9 @@ func (k jobKind) String() string {
 // job is blocked on the handle's current connection.
 // detached: the transport failed under the transfer, or the connection was
 // replaced: the buffers stay in use until the old server process has exited
-// or answered, but the job holds nothing up on the new server.
+// or answered, but the job holds nothing up on the new server. A job
+// replaced while in stream is detached too, and fails having sent nothing
+// once its stream gets there (streamReady).
 type phase uint8
 
 const (
@@ -383,13 +385,21 @@ func (j *TransferJob) begin(timeout time.Duration, stream bool) (deadline time.T
 	return j.deadline, true
 }
 
-// streamReady: the engine's stream got there; the transfer is sent.
-func (j *TransferJob) streamReady() {
+// streamReady: the engine's stream got there. It returns nil when the
+// transfer may be sent, and why not when it may not: its deadline has
+// passed, or its connection was replaced meanwhile. Such a job is then
+// failed having sent nothing.
+func (j *TransferJob) streamReady() error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if j.phase == phaseStream {
-		j.phase = phaseInFlight
+	switch {
+	case j.phase != phaseStream:
+		return errReconnecting // detached: its connection was replaced
+	case !time.Now().Before(j.deadline):
+		return errStreamLate
 	}
+	j.phase = phaseInFlight
+	return nil
 }
 
 // expire runs at the deadline: a job still in flight is blocked.
@@ -410,7 +420,7 @@ func (j *TransferJob) expire() {
 func (j *TransferJob) detach() {
 	j.mu.Lock()
 	was := j.phase
-	if was == phaseInFlight || was == phaseBlocked {
+	if was == phaseStream || was == phaseInFlight || was == phaseBlocked {
 		j.phase = phaseDetached
 	}
 	j.mu.Unlock()

@@ -122,3 +122,70 @@ func TestWaitForJobStartingAsItIsWithdrawn(t *testing.T) {
 	}
 	j.failRest(nil)
 }
+
+// A job whose stream gets there only after its deadline, or after its
+// connection was replaced, is not sent: streamReady says why.
+func TestStreamReadyLateOrReplaced(t *testing.T) {
+	o := &nopOwner{}
+	late := newJob(kindStore, []BlockTransferPlan{{Key: "late"}}, o)
+	if _, ok := late.begin(-time.Second, true); !ok {
+		t.Fatal("begin failed")
+	}
+	late.expire() // its timer: nothing to block while it waits for the stream
+	if err := late.streamReady(); !errors.Is(err, errStreamLate) {
+		t.Fatalf("streamReady past the deadline = %v, want errStreamLate", err)
+	}
+	if ph, _ := late.state(); ph != phaseStream || o.blocked.Load() != 0 {
+		t.Fatalf("phase %d, blocked %d; want still in stream, nothing blocked", ph, o.blocked.Load())
+	}
+	late.failRest(nil)
+
+	moved := newJob(kindStore, []BlockTransferPlan{{Key: "moved"}}, o)
+	if _, ok := moved.begin(time.Hour, true); !ok {
+		t.Fatal("begin failed")
+	}
+	moved.detach()
+	if err := moved.streamReady(); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("streamReady after the connection was replaced = %v, want ErrUnavailable", err)
+	}
+	moved.failRest(nil)
+
+	ok := newJob(kindStore, []BlockTransferPlan{{Key: "ok"}}, o)
+	if _, ok := ok.begin(time.Hour, true); !ok {
+		t.Fatal("begin failed")
+	}
+	if err := ok.streamReady(); err != nil {
+		t.Fatalf("streamReady in time = %v", err)
+	}
+	if ph, _ := ok.state(); ph != phaseInFlight {
+		t.Fatalf("phase %d after streamReady, want in flight", ph)
+	}
+	ok.failRest(nil)
+}
+
+// A replaced connection fails the jobs still queued on it as not attempted
+// and detaches the running ones: neither can later count as blocked on the
+// new server.
+func TestReplacedFailsQueuedAndDetachesRunning(t *testing.T) {
+	w := &WorkerHandle{inflight: map[*TransferJob]struct{}{}, timeout: time.Second}
+	queued := newJob(kindStore, []BlockTransferPlan{{Key: "q"}}, w)
+	running := newJob(kindLoad, []BlockTransferPlan{{Key: "r"}}, w)
+	queued.submit(nil, nil)
+	running.submit(nil, nil)
+	w.inflight[queued], w.inflight[running] = struct{}{}, struct{}{}
+	if _, ok := running.begin(-time.Second, false); !ok {
+		t.Fatal("begin failed")
+	}
+	w.leave(nil)
+	if _, ok := queued.begin(-time.Second, false); ok {
+		t.Fatal("a job queued on the replaced connection began")
+	}
+	if !errors.Is(queued.Err(), ErrNotAttempted) || !errors.Is(queued.Err(), ErrUnavailable) {
+		t.Fatalf("queued job's error %v, want not attempted and unavailable", queued.Err())
+	}
+	running.expire()
+	if ph, _ := running.state(); ph != phaseDetached || w.blocked.Load() != 0 {
+		t.Fatalf("running job in phase %d with %d blocked; want detached, none", ph, w.blocked.Load())
+	}
+	running.failRest(nil)
+}

@@ -240,11 +240,13 @@ func (w *WorkerHandle) run(job *TransferJob, tr transport, items []item, barrier
 	if barrier != nil {
 		err := barrier.wait(deadline)
 		barrier.release()
+		if err == nil {
+			err = job.streamReady()
+		}
 		if err != nil {
 			job.failRest(notAttempted(fmt.Errorf("waiting for the engine's stream: %w", err)))
 			return true
 		}
-		job.streamReady()
 	}
 	ctx := context.Background()
 	results, errs, err := tr.move(ctx, job.kind, items)

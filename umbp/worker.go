@@ -146,17 +146,7 @@ func (w *WorkerHandle) reregister(ctx context.Context, c *conn.Conn) error {
 // deregisters (in case its server lives on) and closes when the transfers
 // still using it have returned.
 func (w *WorkerHandle) replaced(old *conn.Conn) {
-	w.jobsMu.Lock()
-	var on []*TransferJob
-	for j := range w.inflight {
-		if j.connection() == old {
-			on = append(on, j)
-		}
-	}
-	w.jobsMu.Unlock()
-	for _, j := range on {
-		j.detach()
-	}
+	on := w.leave(old)
 	go func() {
 		for _, j := range on {
 			<-j.done
@@ -166,6 +156,31 @@ func (w *WorkerHandle) replaced(old *conn.Conn) {
 		_ = old.Deregister(ctx)
 		_ = old.Close()
 	}()
+}
+
+// leave takes the handle's jobs off old and returns them: a job still
+// queued there fails as not attempted; one already running is detached:
+// its buffers stay in use until it ends, but it holds nothing up on the new
+// server.
+func (w *WorkerHandle) leave(old *conn.Conn) []*TransferJob {
+	// Under w.mu: a submit that read the old connection has queued its job
+	// by now, and a later one reads the new connection.
+	w.mu.Lock()
+	w.jobsMu.Lock()
+	var on []*TransferJob
+	for j := range w.inflight {
+		if j.connection() == old {
+			on = append(on, j)
+		}
+	}
+	w.jobsMu.Unlock()
+	w.mu.Unlock()
+	for _, j := range on {
+		if !j.failQueued(errReconnecting) {
+			j.detach()
+		}
+	}
+	return on
 }
 
 // State reports whether the handle is connected, reconnecting or closed.
