@@ -177,8 +177,12 @@ type goTask struct{ fn func() }
 func (t goTask) run(onPanic func(error)) {
 	returned := false
 	defer func() {
-		if !returned && onPanic != nil {
-			onPanic(recovered(recover()))
+		if returned {
+			return
+		}
+		err := recovered(recover()) // recovered even with no handler
+		if onPanic != nil {
+			onPanic(err)
 		}
 	}()
 	t.fn()
@@ -206,8 +210,9 @@ type Pool struct {
 // New starts a pool of workers goroutines. name identifies the pool in error
 // messages and in goroutine profiles (each goroutine carries the pprof labels
 // daemonpool=name and worker=index). onPanic, when not nil, receives the
-// error of a call given to [Pool.Go] that panicked or called
-// runtime.Goexit. workers must be positive.
+// error of every call that panicked or called runtime.Goexit (a
+// [Future]'s error also carries it); without one such a call is still
+// recovered. workers must be positive.
 func New(workers int, name string, onPanic func(error)) (*Pool, error) {
 	if workers <= 0 {
 		return nil, fmt.Errorf("daemonpool: pool %q: workers must be positive, got %d", name, workers)

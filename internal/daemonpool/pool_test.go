@@ -157,6 +157,27 @@ func TestGoPanicGoesToHandler(t *testing.T) {
 	<-ran // the goroutine survived both
 }
 
+// A pool without a panic handler still recovers a panicking Go call, and
+// keeps its goroutine.
+func TestGoPanicWithoutHandler(t *testing.T) {
+	p, err := New(1, "nohandler", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Shutdown()
+	if err := p.Go(func() { panic("boom") }); err != nil {
+		t.Fatal(err)
+	}
+	f, err := Submit(p, func() (int, error) { return 7, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-f.Done()
+	if v, err := f.Result(); v != 7 || err != nil {
+		t.Fatalf("after the panic: %d, %v", v, err)
+	}
+}
+
 func TestGoexitBecomesErrorAndWorkerIsReplaced(t *testing.T) {
 	p := newPool(t, 1, nil)
 	f := submit(t, p, func() (int, error) { runtime.Goexit(); return 0, nil })

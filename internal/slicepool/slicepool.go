@@ -32,6 +32,7 @@ func (p *Pool[T]) Put(s []T) {
 	if cap(s) == 0 || cap(s) > p.max {
 		return
 	}
+	s = s[:cap(s)] // a shortened s still holds what lies past its length
 	clear(s)
 	s = s[:0]
 	p.p.Put(&s)
