@@ -75,6 +75,10 @@ type ipcMapping struct {
 func NewHIPBackend(log *slog.Logger) (GPUBackend, error) {
 	rt, err := hip.Load()
 	if err != nil {
+		var le *hip.LoadError
+		if errors.As(err, &le) && len(le.Tried) > 0 { // the operator's diagnosis
+			return nil, fmt.Errorf("server: GPU backend: %w (tried: %s)", err, le.Details())
+		}
 		return nil, fmt.Errorf("server: GPU backend: %w", err)
 	}
 	return NewHIPBackendFor(rt, log), nil

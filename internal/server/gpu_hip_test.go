@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"unsafe"
@@ -67,6 +68,9 @@ func TestNewHIPBackendWithoutGPU(t *testing.T) {
 	b, err := NewHIPBackend(nil)
 	if b != nil || !errors.Is(err, ErrNotSupported) || !errors.Is(err, hip.ErrNotSupported) {
 		t.Fatalf("NewHIPBackend(nil) = %v, %v; want nil and an error matching both ErrNotSupported", b, err)
+	}
+	if !strings.Contains(err.Error(), "tried: ") {
+		t.Errorf("NewHIPBackend(nil) = %q: it does not say what was tried", err)
 	}
 }
 
