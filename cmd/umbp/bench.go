@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
@@ -72,11 +72,37 @@ func benchFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string
 	var sc suiteConfig
 	fs.IntVar(&sc.existsReps, "exists-reps", 200, "with -suite: lookups timed per key count")
 	fs.IntVar(&sc.bwReps, "bw-reps", 7, "with -suite: stores and loads timed per workload")
+	yes := fs.Bool("yes", false, "with -suite: really run it: the suite clears the pool before each store, and every engine attached to the server loses its stored KV")
 	return func(ctx context.Context, e env, args []string) error {
 		if len(args) != 0 {
 			return fmt.Errorf("%w: unexpected arguments %q", errUsage, args)
 		}
+		// Each mode has flags of its own; one given to the other would be
+		// ignored.
+		var other []string
+		fs.Visit(func(f *flag.Flag) {
+			switch f.Name {
+			case "objects", "object-size", "ranges", "batch", "rounds", "workers", "verify", "progress":
+				if *standard {
+					other = append(other, "-"+f.Name)
+				}
+			case "exists-reps", "bw-reps", "yes":
+				if !*standard {
+					other = append(other, "-"+f.Name)
+				}
+			}
+		})
+		if len(other) > 0 {
+			mode := "without -suite"
+			if *standard {
+				mode = "with -suite"
+			}
+			return fmt.Errorf("%w: %s has no effect %s", errUsage, strings.Join(other, ", "), mode)
+		}
 		if *standard {
+			if !*yes {
+				return fmt.Errorf("%w: the suite clears the pool before each store, dropping the KV of every engine on the server; pass -yes to run it", errUsage)
+			}
 			return runSuite(ctx, e, c, sc, *asJSON)
 		}
 		var err error
@@ -86,21 +112,14 @@ func benchFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string
 		if err := bc.validate(); err != nil {
 			return fmt.Errorf("%w: %w", errUsage, err)
 		}
-		cfg := c.config()
-		cfg.NumWorkers = bc.workers
-		if c.timeout <= 0 {
-			return fmt.Errorf("%w: -timeout must be positive", errUsage)
-		}
-		rt, err := umbp.NewStandaloneRuntime(cfg)
+		rt, err := c.runtime(func(cfg *umbp.Config) { cfg.NumWorkers = bc.workers })
 		if err != nil {
-			return fmt.Errorf("%w: %w", errUsage, err)
+			return err
 		}
 		res, err := bench(ctx, e, rt, bc)
 		if res != nil {
 			if *asJSON {
-				enc := json.NewEncoder(e.stdout)
-				enc.SetIndent("", "  ")
-				if jerr := enc.Encode(res); jerr != nil {
+				if jerr := printJSON(e, res); jerr != nil {
 					return errors.Join(err, jerr)
 				}
 			} else {

@@ -46,7 +46,10 @@ flags:
 		sub, args := args[0], args[1:]
 		// Flags may also follow the subcommand.
 		if err := fs.Parse(args); err != nil {
-			return fmt.Errorf("%w: %w", errUsage, err)
+			if errors.Is(err, flag.ErrHelp) {
+				return nil // the usage is printed
+			}
+			return errFlagsReported
 		}
 		args = fs.Args()
 		switch sub {

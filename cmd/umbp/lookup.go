@@ -67,9 +67,9 @@ func answered(ctx context.Context, h *umbp.SchedulerHandle, before umbp.Stats, t
 	case ctx.Err() != nil:
 		return fmt.Errorf("lookup interrupted: %w", ctx.Err())
 	case after.Timeouts > before.Timeouts:
-		return fmt.Errorf("the server did not answer within %v: the answers above are not the pool's", timeout)
+		return fmt.Errorf("the server did not answer within %v: its answers are not the pool's", timeout)
 	case after.Failures > before.Failures:
-		return errors.New("the lookup failed (the reason is logged above): the answers above are not the pool's")
+		return errors.New("the lookup failed (the reason is logged): its answers are not the pool's")
 	}
 	return nil
 }

@@ -10,6 +10,7 @@
 //	umbp key tokens -ns NS -seed S TOKEN...      the keys vLLM's connector stores for a prompt
 //	umbp clear -yes                              drop every object of every engine
 //	umbp bench [-objects N] [-object-size 4MiB]  store and load throughput, byte-checked
+//	umbp bench -suite -yes                       MORI's umbp_bench workload, side by side
 //
 // Commands that talk to a server take -endpoint (default $UMBP_ENDPOINT,
 // else MORI's unix:///run/umbp/standalone/<$UMBP_NODE_ID or node0>.grpc.sock)
@@ -18,11 +19,11 @@
 // when the server could not be asked, did not answer or refused, 2 for a
 // usage error. `umbp help COMMAND` lists a command's flags.
 //
-// lookup asks through a scheduler handle and bench moves blocks through a
-// worker handle, exactly as an engine would; ping and clear use the
-// connection underneath, to report the server's own words. bench stores new
-// keys in a namespace of its own each run; they stay in the pool until
-// evicted.
+// Every command goes through the public package, exactly as an engine
+// would: lookup, ping and clear through a scheduler handle, bench through a
+// worker handle. bench stores new keys in a namespace of its own each run;
+// they stay in the pool until evicted. bench -suite clears the pool before
+// each store, and so asks for -yes as clear does.
 package main
 
 import (
@@ -44,6 +45,7 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	context.AfterFunc(ctx, stop) // a second signal ends the process at once
 	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
@@ -58,6 +60,10 @@ const (
 
 // errUsage marks an error in how the command was called.
 var errUsage = errors.New("usage")
+
+// errFlagsReported is a usage error that a flag set has already printed,
+// with the command's usage.
+var errFlagsReported = errors.New("flags: reported")
 
 // env is what a command runs with: its streams and the context that a
 // signal cancels.
@@ -128,6 +134,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		switch {
 		case err == nil:
 			return exitOK
+		case errors.Is(err, errFlagsReported):
+			return exitUsage
 		case errors.Is(err, errUsage):
 			fmt.Fprintf(stderr, "umbp %s: %s\n", cmd.name, strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
 			fmt.Fprintf(stderr, "run 'umbp help %s' for its flags\n", cmd.name)
@@ -192,12 +200,17 @@ func (c *common) config() umbp.Config {
 	}
 }
 
-// runtime validates the flags into a runtime.
-func (c *common) runtime() (*umbp.StandaloneRuntime, error) {
+// runtime validates the flags into a runtime, with the command's own
+// changes to the configuration, if any.
+func (c *common) runtime(adjust ...func(*umbp.Config)) (*umbp.StandaloneRuntime, error) {
 	if c.timeout <= 0 {
 		return nil, fmt.Errorf("%w: -timeout must be positive", errUsage)
 	}
-	rt, err := umbp.NewStandaloneRuntime(c.config())
+	cfg := c.config()
+	for _, f := range adjust {
+		f(&cfg)
+	}
+	rt, err := umbp.NewStandaloneRuntime(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}

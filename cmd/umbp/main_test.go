@@ -285,7 +285,11 @@ func TestKey(t *testing.T) {
 	if want := "umbp:vllm:v1:m:tp0:pcp0:dcp0:pp0:g0:ff\n"; stdout != want {
 		t.Errorf("key make from stdin: %q, want %q", stdout, want)
 	}
-	mustRun(t, exitFail, "", "key", "make", "-ns", "m", "abc")                    // odd-length hash
+	mustRun(t, exitFail, "", "key", "make", "-ns", "m", "abc") // odd-length hash
+	mustRun(t, exitOK, "", "key", "make", "-h")                // help after the subcommand
+	if _, stderr := mustRun(t, exitUsage, "", "key", "make", "-bogus", "ab"); strings.Count(stderr, "-bogus") != 1 {
+		t.Errorf("key make -bogus: the error is not said once:\n%s", stderr)
+	}
 	mustRun(t, exitUsage, "", "key", "make", "-ns", "a:b", "ab")                  // bad namespace
 	mustRun(t, exitUsage, "", "key", "make", "-ns", "m", "-topo", "tp=2/2", "ab") // rank outside size
 	mustRun(t, exitUsage, "", "key", "make", "-ns", "m", "-topo", "xp=1", "ab")

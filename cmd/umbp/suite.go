@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -213,15 +212,16 @@ func runSuite(ctx context.Context, e env, c *common, sc suiteConfig, asJSON bool
 	if sc.existsReps <= 0 || sc.bwReps <= 0 {
 		return fmt.Errorf("%w: -exists-reps and -bw-reps must be positive", errUsage)
 	}
-	cfg := c.config()
-	if !c.verbose {
-		// The suite clears the pool before every store; each clear would
-		// warn that it removed every engine's KV.
-		cfg.Logger = slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	}
-	rt, err := umbp.NewStandaloneRuntime(cfg)
+	rt, err := c.runtime(func(cfg *umbp.Config) {
+		if !c.verbose {
+			// The suite clears the pool before every store (the operator
+			// said -yes); each clear would warn that it removed every
+			// engine's KV.
+			cfg.Logger = slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+		}
+	})
 	if err != nil {
-		return fmt.Errorf("%w: %w", errUsage, err)
+		return err
 	}
 	var lines []suiteLine
 	err = suite(ctx, rt, sc, func(l suiteLine) {
@@ -232,9 +232,7 @@ func runSuite(ctx context.Context, e env, c *common, sc suiteConfig, asJSON bool
 		}
 	})
 	if asJSON {
-		enc := json.NewEncoder(e.stdout)
-		enc.SetIndent("", "  ")
-		if jerr := enc.Encode(lines); jerr != nil {
+		if jerr := printJSON(e, lines); jerr != nil {
 			return errors.Join(err, jerr)
 		}
 	}

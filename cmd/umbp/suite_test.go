@@ -52,6 +52,17 @@ func TestSuite(t *testing.T) {
 
 func TestSuiteFlags(t *testing.T) {
 	srv := umbptest.NewServer(t, umbptest.Options{})
-	_, stderr := mustRun(t, exitUsage, "", "bench", "-endpoint", srv.Endpoint(), "-suite", "-bw-reps", "0")
+	_, stderr := mustRun(t, exitUsage, "", "bench", "-endpoint", srv.Endpoint(), "-suite", "-yes", "-bw-reps", "0")
 	mustContain(t, "bench -suite", stderr, "-bw-reps")
+	// It clears the pool: only with -yes.
+	_, stderr = mustRun(t, exitUsage, "", "bench", "-endpoint", srv.Endpoint(), "-suite")
+	mustContain(t, "bench -suite without -yes", stderr, "-yes")
+	// Flags of the other mode are refused, not ignored.
+	_, stderr = mustRun(t, exitUsage, "", "bench", "-endpoint", srv.Endpoint(), "-suite", "-yes", "-objects", "3")
+	mustContain(t, "bench -suite -objects", stderr, "-objects has no effect with -suite")
+	_, stderr = mustRun(t, exitUsage, "", "bench", "-endpoint", srv.Endpoint(), "-bw-reps", "3")
+	mustContain(t, "bench -bw-reps", stderr, "-bw-reps has no effect without -suite")
+	// -timeout is checked as for every command.
+	_, stderr = mustRun(t, exitUsage, "", "bench", "-endpoint", srv.Endpoint(), "-suite", "-yes", "-timeout", "0")
+	mustContain(t, "bench -suite -timeout 0", stderr, "-timeout must be positive")
 }

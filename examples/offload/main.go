@@ -109,8 +109,8 @@ func run(endpoint string, blocks, layers, blockBytes int, lookupTO, timeout time
 
 	// Engine A fills its blocks and stores them under content keys.
 	rng := rand.New(rand.NewPCG(1, 2))
-	for i := range a.buf.Bytes() {
-		a.buf.Bytes()[i] = byte(rng.Uint32())
+	for i, ab := 0, a.buf.Bytes(); i < len(ab); i++ {
+		ab[i] = byte(rng.Uint32())
 	}
 	clear(b.buf.Bytes()) // an engine's KV memory is in use, its pages present
 	keys := make([]string, blocks)
@@ -203,7 +203,13 @@ func run(endpoint string, blocks, layers, blockBytes int, lookupTO, timeout time
 
 	fmt.Println("the server resumes:")
 	srv.Resume()
-	<-stuck.Done()
+	select {
+	case <-stuck.Done():
+	case <-time.After(10 * time.Second):
+		return errors.New("the blocked store did not end once the server resumed")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 	fmt.Printf("  the blocked store ended %s\n", stuck.Status())
 	deadline := time.Now().Add(10 * time.Second)
 	for count(sched.Lookup(ctx, keys)) != blocks {
