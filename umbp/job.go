@@ -3,7 +3,6 @@ package umbp
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -120,10 +119,12 @@ type TransferJob struct {
 	drop func()
 }
 
+// newJob makes a job of plans, which it keeps: the caller must not change
+// them afterwards.
 func newJob(kind jobKind, plans []BlockTransferPlan, owner jobOwner) *TransferJob {
 	return &TransferJob{
 		kind:   kind,
-		plans:  slices.Clone(plans), // the caller may reuse its slice
+		plans:  plans, // the job's own: Store and Load clone the caller's
 		owner:  owner,
 		done:   make(chan struct{}),
 		status: JobRunning,

@@ -383,27 +383,46 @@ func (b BlockLoadBatch) Plans(planner *LayoutPlanner) ([]BlockTransferPlan, erro
 	if err := b.Validate(); err != nil {
 		return nil, err
 	}
+	plans, bad := b.planRows(planner)
+	for i, err := range bad {
+		if err != nil {
+			return nil, fmt.Errorf("load batch row %d: %w", i, err)
+		}
+	}
+	return plans, nil
+}
+
+// planRows plans every row of a valid batch. A row the planner rejects
+// gets a plan without ranges and its error in bad (nil when every row
+// planned). The planned rows' ranges share one allocation.
+func (b BlockLoadBatch) planRows(planner *LayoutPlanner) (plans []BlockTransferPlan, bad []error) {
 	total := 0
 	for i := range b.Keys {
 		gp, err := planner.check(b.Keys[i], b.GroupIDs[i], b.BlockIDs[i])
 		if err != nil {
-			return nil, fmt.Errorf("load batch row %d: %w", i, err)
+			if bad == nil {
+				bad = make([]error, len(b.Keys))
+			}
+			bad[i] = err
+			continue
 		}
 		total += gp.numRanges
 	}
 	slab := make([]KVRange, total)
-	plans := make([]BlockTransferPlan, len(b.Keys))
+	plans = make([]BlockTransferPlan, len(b.Keys))
 	for i := range b.Keys {
-		gp := planner.group(b.GroupIDs[i])
-		n := gp.numRanges
 		plans[i] = BlockTransferPlan{
 			Key:       b.Keys[i],
 			BlockID:   b.BlockIDs[i],
 			GroupID:   b.GroupIDs[i],
-			Ranges:    gp.fill(slab[:n:n], b.BlockIDs[i]),
 			RequestID: b.RequestID(i),
 		}
+		if bad != nil && bad[i] != nil {
+			continue
+		}
+		n := planner.group(b.GroupIDs[i]).numRanges
+		plans[i].Ranges = planner.group(b.GroupIDs[i]).fill(slab[:n:n], b.BlockIDs[i])
 		slab = slab[n:]
 	}
-	return plans, nil
+	return plans, bad
 }

@@ -359,7 +359,7 @@ func (w *WorkerHandle) resolveLocked(addr uintptr, n uint64) *memRegion {
 // are invalid or name unregistered memory, with those keys already failed.
 // The plans' source memory must stay unchanged until the job ends.
 func (w *WorkerHandle) Store(plans []BlockTransferPlan, opts ...TransferOption) *TransferJob {
-	return w.submit(kindStore, plans, opts, nil)
+	return w.submit(kindStore, slices.Clone(plans), opts, nil) // the caller may reuse its slice
 }
 
 // Load loads the plans' blocks from the pool into the plans' memory and
@@ -367,7 +367,7 @@ func (w *WorkerHandle) Store(plans []BlockTransferPlan, opts ...TransferOption) 
 // (a miss); its siblings still load. The destination memory must not be
 // used until the job ends.
 func (w *WorkerHandle) Load(plans []BlockTransferPlan) *TransferJob {
-	return w.submit(kindLoad, plans, nil, nil)
+	return w.submit(kindLoad, slices.Clone(plans), nil, nil) // the caller may reuse its slice
 }
 
 // StoreBlocks is Store on the bulk path: each plan names a block (Key,
@@ -404,8 +404,9 @@ func (w *WorkerHandle) StoreBlocks(plans []BlockTransferPlan, opts ...TransferOp
 }
 
 // LoadBlocks is Load on the bulk path, for a columnar batch, under the same
-// rules as StoreBlocks. A batch whose columns disagree in length is refused
-// as a whole (ErrInvalidPlan).
+// rules as StoreBlocks. A batch that fails [BlockLoadBatch.Validate]
+// (columns of different lengths, an empty key, a negative ID) is refused as
+// a whole (ErrInvalidPlan).
 func (w *WorkerHandle) LoadBlocks(batch BlockLoadBatch) (*TransferJob, error) {
 	if w.planner == nil {
 		return nil, errNoLayout
@@ -413,20 +414,7 @@ func (w *WorkerHandle) LoadBlocks(batch BlockLoadBatch) (*TransferJob, error) {
 	if err := batch.Validate(); err != nil {
 		return nil, err
 	}
-	plans := make([]BlockTransferPlan, batch.Len())
-	var bad []error
-	for i := range plans {
-		p, err := w.planner.PlanForBlock(batch.Keys[i], batch.GroupIDs[i], batch.BlockIDs[i])
-		if err != nil {
-			p = BlockTransferPlan{Key: batch.Keys[i], GroupID: batch.GroupIDs[i], BlockID: batch.BlockIDs[i]}
-			if bad == nil {
-				bad = make([]error, len(plans))
-			}
-			bad[i] = err
-		}
-		p.RequestID = batch.RequestID(i)
-		plans[i] = p
-	}
+	plans, bad := batch.planRows(w.planner)
 	return w.submit(kindLoad, plans, nil, bad), nil
 }
 
