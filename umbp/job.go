@@ -111,6 +111,7 @@ type TransferJob struct {
 	has       []bool   // which plans have an outcome
 	left      int      // plans without an outcome
 	cancelled error    // why a CANCELLED job was withdrawn
+	failure   error    // a FAILED job's error, built once as it ends
 	submitted bool     // handed to the transfer goroutines
 	deadline  time.Time
 	timer     *time.Timer // fires expire at the deadline
@@ -252,9 +253,14 @@ func (j *TransferJob) Err() error {
 	case JobCancelled:
 		return j.cancelled
 	case JobFailed:
-	default:
-		return nil
+		return j.failure
 	}
+	return nil
+}
+
+// failureLocked builds a FAILED job's error from its key errors, merging
+// those of the same text.
+func (j *TransferJob) failureLocked() error {
 	e := &jobError{kind: j.kind, keys: len(j.plans)}
 	index := map[string]int{}
 	for _, err := range j.errs {
@@ -327,6 +333,7 @@ func (j *TransferJob) finishLocked() func() {
 	for _, err := range j.errs {
 		if err != nil {
 			j.status = JobFailed
+			j.failure = j.failureLocked()
 			break
 		}
 	}
