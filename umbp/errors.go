@@ -29,7 +29,9 @@ var (
 	ErrRefused = conn.ErrRefused
 	// ErrUnavailable means the server could not be reached, or went away
 	// under a call: the transport failed, the connection was refused, or
-	// the handle is re-attaching to a restarted server.
+	// the handle is re-attaching to a restarted server. A key whose request
+	// got a reply the handle cannot use (an unexpected gRPC error, results
+	// of the wrong length) fails with it too: it was sent.
 	ErrUnavailable = conn.ErrUnavailable
 	// ErrCancelled means a job was withdrawn before it started
 	// ([WorkerHandle.Cancel], or Close): its buffers were never used.
@@ -58,6 +60,18 @@ var (
 	// of transfers submitted to one.
 	ErrClosed = conn.ErrClosed
 )
+
+// isKeySentinel reports whether err matches one of the sentinels a key's
+// error is promised to match (the package doc's table).
+func isKeySentinel(err error) bool {
+	for _, s := range [...]error{ErrNotAttempted, ErrNotInPool, ErrRefused, ErrUnavailable, ErrCancelled,
+		ErrBuffersInUse, ErrNotSupported, ErrUntrustedServer, ErrClosed} {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	return false
+}
 
 // notAttempted is the error of a key whose transfer never started: it
 // matches ErrNotAttempted and cause.

@@ -686,6 +686,9 @@ func (e *hostileEnv) settle(t *testing.T, w *umbp.WorkerHandle, job *umbp.Transf
 			}
 			continue
 		}
+		if keyErr != nil && !matchesKeySentinel(keyErr) {
+			t.Errorf("%s: key %d: %v matches none of the package's sentinels", what, i, keyErr)
+		}
 		if want == nil {
 			continue
 		}
@@ -696,6 +699,18 @@ func (e *hostileEnv) settle(t *testing.T, w *umbp.WorkerHandle, job *umbp.Transf
 	if (st == umbp.JobFailed) != (len(job.FailedKeys()) > 0) || (st == umbp.JobFailed) != (job.Err() != nil) {
 		t.Errorf("%s: status %s with failed keys %v and error %v", what, st, job.FailedKeys(), job.Err())
 	}
+}
+
+// matchesKeySentinel reports whether a key's error matches one of the
+// sentinels of the package doc's table, as the doc promises.
+func matchesKeySentinel(err error) bool {
+	for _, s := range []error{umbp.ErrNotAttempted, umbp.ErrNotInPool, umbp.ErrRefused, umbp.ErrUnavailable,
+		umbp.ErrCancelled, umbp.ErrBuffersInUse, umbp.ErrNotSupported, umbp.ErrUntrustedServer, umbp.ErrClosed} {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // checkFreshWorker attaches a worker under the script (Ping decides ranged

@@ -294,7 +294,7 @@ func (w *WorkerHandle) run(job *TransferJob, tr transport, items []item, barrier
 }
 
 // errInternal fails what a transfer left without an outcome (a panic).
-var errInternal = errors.New("umbp: internal error in the transfer")
+var errInternal = fmt.Errorf("%w: internal error in the transfer", ErrUnavailable)
 
 // keyError is the outcome of one item: nil when ok; else the error of the
 // request that carried it, or lost (a retry whose transport failed), or a
@@ -306,6 +306,13 @@ func keyError(kind jobKind, obj *conn.Object, ok bool, reqErr, lost error) error
 	case reqErr != nil:
 		if errors.Is(reqErr, conn.ErrInvalidArgument) || errors.Is(reqErr, conn.ErrClosed) {
 			return notAttempted(reqErr) // refused before sending
+		}
+		if !isKeySentinel(reqErr) {
+			// A reply the handle cannot use (a gRPC code it does not
+			// classify, results of the wrong length): the key was sent,
+			// and its memory may have been used, as when the transport
+			// fails.
+			return fmt.Errorf("%w: %w", ErrUnavailable, reqErr)
 		}
 		return reqErr
 	case lost != nil:
