@@ -47,8 +47,8 @@
 //	                     I/O for GPU memory
 //	ErrUntrustedServer   the server's socket or process failed the    fix the deployment; nothing was shared
 //	                     identity check
-//	ErrInvalid…          bad configuration, key, layout, plan or      fix the caller; the error says what is wrong
-//	                     topology, refused before any I/O
+//	ErrInvalid…          bad configuration, key, layout, plan,        fix the caller; the error says what is wrong
+//	                     topology or buffer, refused before any I/O
 //
 // [TransferJob.Err] joins a failed job's distinct key errors, each matched
 // by errors.Is and errors.As (its text spells out the first three and counts

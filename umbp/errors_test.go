@@ -248,12 +248,12 @@ func TestRegistrationRefusals(t *testing.T) {
 	if err := w.RegisterBuffers(ctx, map[string]umbp.Buffer{"kv": whole}); err != nil {
 		t.Errorf("the same name and memory again = %v, want nil", err)
 	}
-	if err := w.RegisterBuffers(ctx, map[string]umbp.Buffer{"alias": whole}); err == nil || !strings.Contains(err.Error(), `already registered as "kv"`) {
+	if err := w.RegisterBuffers(ctx, map[string]umbp.Buffer{"alias": whole}); !errors.Is(err, umbp.ErrInvalidBuffer) || !strings.Contains(err.Error(), `already registered as "kv"`) {
 		t.Errorf("the same memory under another name = %v, want a refusal naming kv", err)
 	}
 	half := whole
 	half.Size /= 2
-	if err := w.RegisterBuffers(ctx, map[string]umbp.Buffer{"kv": half}); err == nil || !strings.Contains(err.Error(), "already registered") {
+	if err := w.RegisterBuffers(ctx, map[string]umbp.Buffer{"kv": half}); !errors.Is(err, umbp.ErrInvalidBuffer) || !strings.Contains(err.Error(), "already registered") {
 		t.Errorf("the name for other memory = %v, want a refusal", err)
 	}
 	other, err := umbp.NewHostBuffer(1 << 12)
@@ -264,7 +264,7 @@ func TestRegistrationRefusals(t *testing.T) {
 	big := other.Buffer()
 	big.Size = 1 << 20
 	err = w.RegisterBuffers(ctx, map[string]umbp.Buffer{"big": big})
-	if err == nil || !strings.Contains(err.Error(), "run past the end of the HostBuffer") {
+	if !errors.Is(err, umbp.ErrInvalidBuffer) || !strings.Contains(err.Error(), "run past the end of the HostBuffer") {
 		t.Errorf("a buffer larger than its HostBuffer = %v, want it to say so", err)
 	}
 	if s := srv.Stats(); s.Regions != 1 {

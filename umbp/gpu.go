@@ -97,14 +97,14 @@ func (w *WorkerHandle) registerGPU(ctx context.Context, c *conn.Conn, name strin
 		return fmt.Errorf("%w: memory at %#x is %s, not GPU memory: the server can map host memory only from a memfd, so host memory must come from NewHostBuffer", ErrNotSupported, b.Ptr, what)
 	}
 	if b.Location == LocationGPU && b.Device != dev {
-		return fmt.Errorf("buffer names device %d but the memory at %#x is on device %d", b.Device, b.Ptr, dev)
+		return fmt.Errorf("%w: buffer names device %d but the memory at %#x is on device %d", ErrInvalidBuffer, b.Device, b.Ptr, dev)
 	}
 	allocBase, allocSize, err := rt.AddressRange(dev, b.Ptr)
 	if err != nil {
 		return fmt.Errorf("allocation that holds %#x on device %d: %w", b.Ptr, dev, err)
 	}
 	if b.Ptr < allocBase || b.Size > allocSize || uint64(b.Ptr-allocBase) > allocSize-b.Size {
-		return fmt.Errorf("GPU buffer %#x+%d does not lie inside its allocation %#x+%d on device %d", b.Ptr, b.Size, allocBase, allocSize, dev)
+		return fmt.Errorf("%w: GPU buffer %#x+%d does not lie inside its allocation %#x+%d on device %d", ErrInvalidBuffer, b.Ptr, b.Size, allocBase, allocSize, dev)
 	}
 	handle, err := rt.IpcGetMemHandle(dev, allocBase)
 	if err != nil {

@@ -257,6 +257,9 @@ func TestFakeRuntimeGPUTransfers(t *testing.T) {
 	if !errors.Is(err, umbp.ErrNotSupported) {
 		t.Errorf("host memory outside a HostBuffer: %v, want ErrNotSupported", err)
 	}
+	if !errors.Is(err, umbp.ErrInvalidBuffer) {
+		t.Errorf("GPU buffers outside their allocation or device: %v, want ErrInvalidBuffer", err)
+	}
 
 	// Four blocks of five ranges each, across both allocations and outside
 	// the registered buffers' own bounds (the whole allocation is registered).

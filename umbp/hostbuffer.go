@@ -37,6 +37,13 @@ func (l MemoryLocation) String() string {
 	return fmt.Sprintf("MemoryLocation(%d)", int(l))
 }
 
+// ErrInvalidBuffer means RegisterBuffers refused a buffer before asking the
+// server: it is empty, wraps the address space, is host memory outside a
+// [HostBuffer] (or runs past the end of one), is GPU memory outside its
+// allocation or on another device than it names, or its name or memory is
+// already registered otherwise. The error says which.
+var ErrInvalidBuffer = errors.New("umbp: invalid buffer")
+
 // Buffer names memory to register with the server: Size bytes at Ptr.
 // Device is the GPU ordinal of GPU memory.
 type Buffer struct {

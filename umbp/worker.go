@@ -222,24 +222,21 @@ func (w *WorkerHandle) RegisterBuffers(ctx context.Context, buffers map[string]B
 
 func (w *WorkerHandle) registerBuffer(ctx context.Context, name string, b Buffer) error {
 	if b.Ptr == 0 || b.Size == 0 {
-		return fmt.Errorf("empty buffer (ptr %#x, size %d)", b.Ptr, b.Size)
+		return fmt.Errorf("%w: empty buffer (ptr %#x, size %d)", ErrInvalidBuffer, b.Ptr, b.Size)
 	}
 	if b.Ptr+uintptr(b.Size) < b.Ptr {
-		return fmt.Errorf("buffer at %#x of %d bytes wraps the address space", b.Ptr, b.Size)
+		return fmt.Errorf("%w: buffer at %#x of %d bytes wraps the address space", ErrInvalidBuffer, b.Ptr, b.Size)
 	}
 	loc := b.Location
 	var hb *HostBuffer
 	if loc == LocationAuto || loc == LocationHost {
-		hb = hostBuffers.find(b.Ptr, b.Size)
-		in := hostBuffers.at(b.Ptr) // the buffer b starts in, if any
-		switch {
-		case hb != nil:
+		if hb = hostBuffers.find(b.Ptr, b.Size); hb != nil {
 			loc = LocationHost
-		case in != nil:
+		} else if in := hostBuffers.at(b.Ptr); in != nil { // the buffer b starts in
 			ib := in.Buffer() // under the buffer's lock: it may be closing
-			return fmt.Errorf("%d bytes at %#x run past the end of the HostBuffer that holds them (%d bytes at %#x)", b.Size, b.Ptr, ib.Size, ib.Ptr)
-		case loc == LocationHost:
-			return fmt.Errorf("host memory at %#x (%d bytes) does not lie in a HostBuffer: the server can only map memfd-backed memory from NewHostBuffer", b.Ptr, b.Size)
+			return fmt.Errorf("%w: %d bytes at %#x run past the end of the HostBuffer that holds them (%d bytes at %#x)", ErrInvalidBuffer, b.Size, b.Ptr, ib.Size, ib.Ptr)
+		} else if loc == LocationHost {
+			return fmt.Errorf("%w: host memory at %#x (%d bytes) does not lie in a HostBuffer: the server can only map memfd-backed memory from NewHostBuffer", ErrInvalidBuffer, b.Ptr, b.Size)
 		}
 	}
 	fresh, err := w.claimName(name, b)
@@ -303,13 +300,13 @@ func (w *WorkerHandle) claimName(name string, b Buffer) (fresh bool, err error) 
 	defer w.mu.Unlock()
 	if prev, ok := w.named[name]; ok {
 		if prev.Ptr != b.Ptr || prev.Size != b.Size {
-			return false, fmt.Errorf("the name is already registered for %d bytes at %#x", prev.Size, prev.Ptr)
+			return false, fmt.Errorf("%w: the name is already registered for %d bytes at %#x", ErrInvalidBuffer, prev.Size, prev.Ptr)
 		}
 		return false, nil
 	}
 	for other, o := range w.named {
 		if o.Ptr == b.Ptr && o.Size == b.Size {
-			return false, fmt.Errorf("the same %d bytes at %#x are already registered as %q", b.Size, b.Ptr, other)
+			return false, fmt.Errorf("%w: the same %d bytes at %#x are already registered as %q", ErrInvalidBuffer, b.Size, b.Ptr, other)
 		}
 	}
 	w.named[name] = b
