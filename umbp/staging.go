@@ -105,7 +105,13 @@ func (w *WorkerHandle) prepareStaging(ctx context.Context) {
 		return
 	}
 	b.prefault()
-	if err := w.warmStaging(ctx, c, b); err != nil {
+	switch err := w.warmStaging(ctx, c, b); {
+	case err == nil:
+	case errors.Is(err, errWarmUpAnswered):
+		// The server answered: nothing of the warm-up is in flight, and
+		// the buffer is used, if colder.
+		w.log.Debug("UMBP standalone staging buffer not warmed up", "endpoint", w.address, "err", err)
+	default:
 		// The server may still be writing into it: never used.
 		w.log.Debug("UMBP standalone staging buffer not warmed up; the first staged transfer makes another", "endpoint", w.address, "err", err)
 		return
@@ -120,6 +126,10 @@ const (
 	warmUpKey  = "umbp-go/staging-warm-up/65536"
 )
 
+// errWarmUpAnswered is warmStaging's error when the server answered but did
+// not store or load the warm-up object (a full pool, say).
+var errWarmUpAnswered = errors.New("the server did not keep the warm-up object")
+
 // warmStaging has the server write every page of the new staging buffer b
 // once, within ctx (RegisterBuffers bounds it by Timeout): a server maps a
 // registration lazily and takes a fault a page on its first write into it,
@@ -127,7 +137,8 @@ const (
 // reads fault in a page run at a time, and cost little). It loads one small
 // object of zeros into every part of b; the pool keeps that one object. An
 // error leaves b in an unknown state: the server may still be writing into
-// it.
+// it, unless the error matches errWarmUpAnswered: the server answered every
+// request, and b is free.
 func (w *WorkerHandle) warmStaging(ctx context.Context, c *conn.Conn, b *HostBuffer) error {
 	base, n := uint64(b.base()), b.mappedSize()/warmUpSize
 	if n == 0 {
@@ -139,7 +150,7 @@ func (w *WorkerHandle) warmStaging(ctx context.Context, c *conn.Conn, b *HostBuf
 		return err
 	}
 	if !stored[0] {
-		return fmt.Errorf("%w: the warm-up object was not stored", ErrRefused)
+		return fmt.Errorf("%w: the warm-up object was not stored", errWarmUpAnswered)
 	}
 	keys := make([]string, n)
 	segs := make([]conn.Segment, n)
@@ -152,7 +163,7 @@ func (w *WorkerHandle) warmStaging(ctx context.Context, c *conn.Conn, b *HostBuf
 		return err
 	}
 	if slices.Contains(loaded, false) {
-		return fmt.Errorf("%w: the warm-up object was not loaded everywhere", ErrNotInPool)
+		return fmt.Errorf("%w: the warm-up object was not loaded everywhere", errWarmUpAnswered)
 	}
 	return nil
 }

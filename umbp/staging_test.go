@@ -47,6 +47,16 @@ func TestStagingPreparedAtRegistration(t *testing.T) {
 		t.Fatalf("%d fd handoffs, want 3 (the KV buffer, the failed staging buffer, a new one)", n)
 	}
 
+	// A warm-up the server answers without keeping the object (a pool too
+	// small for it) leaves nothing in flight: its buffer is used.
+	srv5 := newServer(t, umbptest.Options{Version: 1, Capacity: 32 << 10})
+	e5 := newEngine(t, newRuntime(t, testConfig(t, srv5.Endpoint())), 4, 8, 1024)
+	job = e5.w.Store(e5.plans(t, "after-refused-warm-up", 0))
+	waitJob(t, e5.w, job)
+	if n := srv5.Calls(umbptest.FDHandoff); n != 2 {
+		t.Fatalf("%d fd handoffs, want 2 (the KV buffer and the staging buffer the refused warm-up kept)", n)
+	}
+
 	// One range a block: nothing to stage, nothing prepared.
 	srv2 := newServer(t, umbptest.Options{Version: 1})
 	newEngine(t, newRuntime(t, testConfig(t, srv2.Endpoint())), 1, 8, 1024)
