@@ -127,6 +127,7 @@ func TestSentinelBuffersInUse(t *testing.T) {
 	srv.Stall("BatchPutRanges")
 	defer srv.Resume()
 	job := e.w.Store(e.plans(t, "k", 0))
+	waitCalls(t, srv, "BatchPutRanges", 1) // running: Wait bounds it by its deadline
 	if err := e.w.Wait(context.Background(), job); !errors.Is(err, umbp.ErrBuffersInUse) {
 		t.Fatalf("Wait = %v, want ErrBuffersInUse", err)
 	}
@@ -142,7 +143,7 @@ func TestSentinelBuffersInUse(t *testing.T) {
 		t.Fatalf("Publish of a running store = %v, want ErrBuffersInUse", err)
 	}
 	srv.Resume()
-	<-job.Done() // past its deadline, Wait would answer at once
+	awaitEnd(t, job) // past its deadline, Wait would answer at once
 	if err := e.w.Publish(job); err != nil {
 		t.Fatalf("Publish of a completed store = %v", err)
 	}
@@ -174,7 +175,7 @@ func TestNilJob(t *testing.T) {
 	if job.Status() != umbp.JobFailed || job.Err() == nil || job.KeyErr(0) == nil || job.Keys() != nil || job.Plans() != nil {
 		t.Error("a nil job's accessors do not report a failed job")
 	}
-	<-job.Done()
+	awaitEnd(t, job)
 }
 
 // TestAbandonedBuffersComeBack: a store blocked in a stopped server process
@@ -188,7 +189,7 @@ func TestAbandonedBuffersComeBack(t *testing.T) {
 	ep := "unix://" + filepath.Join(shortDir(t), "s.sock")
 	p := startServerProcess(t, ep, "-prefault=false")
 	cfg := testConfig(t, ep)
-	cfg.Timeout = 300 * time.Millisecond
+	cfg.Timeout = time.Second // a job still queued then would fail as not attempted
 	rt := newRuntime(t, cfg)
 	buf, err := umbp.NewHostBuffer(1 << 16)
 	if err != nil {
@@ -217,7 +218,7 @@ func TestAbandonedBuffersComeBack(t *testing.T) {
 	}
 	p.signal(syscall.SIGCONT)
 	stopped = false
-	<-job.Done()
+	awaitEnd(t, job)
 	waitFor(t, "the abandoned buffer to come back", func() bool { return w.Stats().AbandonedBytes == 0 })
 	if s := w.Stats(); s.AbandonedBuffers != 0 {
 		t.Fatalf("Stats: %d buffers still abandoned", s.AbandonedBuffers)

@@ -153,6 +153,17 @@ func waitJob(t testing.TB, w *umbp.WorkerHandle, job *umbp.TransferJob) {
 	}
 }
 
+// awaitEnd waits for a job the server has been let go on to end, within a
+// bound that only a hang exceeds.
+func awaitEnd(t testing.TB, job *umbp.TransferJob) {
+	t.Helper()
+	select {
+	case <-job.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the job did not end within 30 s of the server answering: %s", job.Status())
+	}
+}
+
 // serverProcess runs cmd/umbp-standalone-server as a child process.
 type serverProcess struct {
 	cmd      *exec.Cmd

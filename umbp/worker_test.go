@@ -260,6 +260,7 @@ func TestStalledStore(t *testing.T) {
 	if a.w.Poll(stuck) {
 		t.Fatal("Poll true on a stalled store")
 	}
+	waitCalls(t, srv, "BatchPutRanges", 1) // running: Wait bounds it by its deadline
 	start := time.Now()
 	err := a.w.Wait(context.Background(), stuck)
 	if !errors.Is(err, umbp.ErrBuffersInUse) {
@@ -320,6 +321,7 @@ func TestQueuedBehindBlocked(t *testing.T) {
 		t.Fatal("Poll failed a queued job before anything was blocked")
 	}
 	// Wait gives up on the stuck store at its deadline: it is blocked.
+	waitCalls(t, srv, "BatchPut", 1) // running, not queued
 	if err := a.w.Wait(context.Background(), stuck); !errors.Is(err, umbp.ErrBuffersInUse) {
 		t.Fatalf("Wait of the stuck store = %v, want ErrBuffersInUse", err)
 	}
@@ -451,7 +453,7 @@ func TestCloseWhileStaging(t *testing.T) {
 	if err := <-errc; err != nil {
 		t.Fatalf("Close = %v, want nil: nothing was left in the server", err)
 	}
-	<-job.Done()
+	awaitEnd(t, job)
 }
 
 // TestFallbackKeyErrors: on a server without ranged I/O, single-range blocks
@@ -469,14 +471,8 @@ func TestFallbackKeyErrors(t *testing.T) {
 	// A handle without a layout prepares no staging buffer: the one its
 	// first staged load makes fails to register; the plain request is
 	// answered (a miss).
-	w, err := rt.NewWorkerHandle(t.Context(), "no-layout", umbp.RankTopology{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := newBareEngine(t, rt, e.buf)
 	defer w.Close()
-	if err := w.RegisterBuffers(t.Context(), map[string]umbp.Buffer{"kv": e.buf.Buffer()}); err != nil {
-		t.Fatal(err)
-	}
 	srv.FailNext("FDHandoff", 1)
 	job := w.Load([]umbp.BlockTransferPlan{single, multi[0]})
 	waitJob(t, w, job)

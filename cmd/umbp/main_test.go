@@ -387,7 +387,7 @@ func TestBenchPoolFull(t *testing.T) {
 func TestBenchStalled(t *testing.T) {
 	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
 	srv.Stall("BatchPut", "BatchPutRanges")
-	_, stderr := mustRun(t, exitFail, "", "bench", "-endpoint", srv.Endpoint(), "-objects", "2", "-object-size", "4KiB", "-rounds", "1", "-timeout", "200ms")
+	_, stderr := mustRun(t, exitFail, "", "bench", "-endpoint", srv.Endpoint(), "-objects", "2", "-object-size", "4KiB", "-rounds", "1", "-timeout", "1s")
 	mustContain(t, "bench", stderr, "round 1: store:", "buffers still in use")
 	srv.Resume()
 }

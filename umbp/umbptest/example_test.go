@@ -23,8 +23,8 @@ func ExampleServer_Stall() {
 	ctx := context.Background()
 	rt, err := umbp.NewStandaloneRuntime(umbp.Config{
 		Endpoint:      srv.Endpoint(),
-		Timeout:       200 * time.Millisecond,
-		LookupTimeout: 50 * time.Millisecond,
+		Timeout:       time.Second,
+		LookupTimeout: 500 * time.Millisecond,
 		Logger:        slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
