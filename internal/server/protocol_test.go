@@ -788,6 +788,36 @@ func TestMemfdShrunkAfterRegistration(t *testing.T) {
 	}
 }
 
+// TestMemfdShrunkUnderParallelCopy: a batch large enough for the parallel
+// host copy, from a memfd whose upper half was truncated, stores the
+// objects of the lower half and fails the others without leaking pool
+// bytes.
+func TestMemfdShrunkUnderParallelCopy(t *testing.T) {
+	const n, size = 8, 1 << 20
+	h := newHarness(t, Options{Capacity: 64 << 20})
+	m := newMemfd(t, n*size)
+	h.register(t, "c", m)
+	fill(m.mem, 1)
+	if err := unix.Ftruncate(m.fd, n/2*size); err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]string, n)
+	offs, sizes, bases := make([]uint64, n), make([]uint64, n), make([]uint64, n)
+	for i := range keys {
+		keys[i] = fmt.Sprint("obj", i)
+		offs[i], sizes[i], bases[i] = uint64(i*size), size, m.base
+	}
+	got := h.batchPut(t, "c", keys, offs, sizes, bases)
+	for i, ok := range got {
+		if ok != (i < n/2) {
+			t.Errorf("object %d stored %v, want %v (the memfd ends after object %d)", i, ok, i < n/2, n/2-1)
+		}
+	}
+	if st := h.srv.Stats(); st.BytesUsed != n/2*size {
+		t.Fatalf("faulted copies leaked pool bytes: %d used, want %d", st.BytesUsed, n/2*size)
+	}
+}
+
 // TestConcurrentUse hammers one small pool from many goroutines: puts,
 // gets (checking every byte), eviction, Clear, and region replacement and
 // deregistration underneath. Run it with -race.

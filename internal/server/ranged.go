@@ -135,25 +135,8 @@ func (s *Server) batchPutRanges(req *umbppb.BatchRangeDataRequest) []bool {
 		seen[k]++
 	}
 	objOffs, sizes, objSizes := req.GetObjectOffsets(), req.GetSizes(), req.GetObjectSizes()
-	// Objects are reserved and their copies queued in turn; the copies are
-	// made together, and the objects published (or aborted) once they are
-	// done.
-	var objs []batchObject
-	b := s.newCopyBatch(len(sizes))
-	defer b.release()
-	finish := func() {
-		b.wait(func(item int, err error) { objs[item].err = err })
-		for _, p := range objs {
-			if p.err != nil {
-				s.log.Warn("umbp server: ranged put", "key", keys[p.i], "err", p.err)
-				s.pool.abort(p.o)
-				continue
-			}
-			s.pool.publish(keys[p.i], p.o)
-			res[p.i] = true
-		}
-		objs = objs[:0]
-	}
+	pb := s.newPutBatch("ranged put", req.GetClientId(), keys, res, 0, len(sizes))
+	defer pb.release()
 	for i, key := range keys {
 		lo, hi := starts[i], starts[i+1]
 		if !tiles(objOffs[lo:hi], sizes[lo:hi], objSizes[i]) {
@@ -166,24 +149,15 @@ func (s *Server) batchPutRanges(req *umbppb.BatchRangeDataRequest) []bool {
 		if seen[key] > 1 {
 			continue // the same new key twice: neither is stored
 		}
-		o, err := s.pool.reserve(objSizes[i], 0)
-		if err != nil && len(objs) > 0 {
-			// The objects still being filled cannot be evicted: finish
-			// them, then try again.
-			finish()
-			o, err = s.pool.reserve(objSizes[i], 0)
-		}
-		if err != nil {
-			s.log.Debug("umbp server: ranged put", "key", key, "err", err)
+		o, item, ok := pb.reserve(i, objSizes[i])
+		if !ok {
 			continue
 		}
-		item := len(objs)
-		objs = append(objs, batchObject{i: i, o: o})
 		for j := lo; j < hi; j++ {
-			b.toPool(item, locs[j], o, objOffs[j], sizes[j])
+			pb.copies.toPool(item, locs[j], o, objOffs[j], sizes[j])
 		}
 	}
-	finish()
+	pb.finish()
 	return res
 }
 
@@ -198,10 +172,7 @@ func (s *Server) batchGetRanges(req *umbppb.BatchRangeDataRequest) []bool {
 	defer l.release()
 
 	objOffs, sizes := req.GetObjectOffsets(), req.GetSizes()
-	// Objects stay acquired until their copies are done.
-	var objs []batchObject
-	b := s.newCopyBatch(len(sizes))
-	defer b.release()
+	gb := s.newGetBatch("ranged get", req.GetClientId(), keys, res, len(sizes))
 	for i, key := range keys {
 		lo, hi := starts[i], starts[i+1]
 		if lo == hi || slices.Contains(sizes[lo:hi], 0) {
@@ -215,30 +186,13 @@ func (s *Server) batchGetRanges(req *umbppb.BatchRangeDataRequest) []bool {
 			s.pool.release(o)
 			continue
 		}
-		item := len(objs)
-		objs = append(objs, batchObject{i: i, o: o})
+		item := gb.add(i, o)
 		for j := lo; j < hi; j++ {
-			b.fromPool(item, o, objOffs[j], locs[j], sizes[j])
+			gb.copies.fromPool(item, o, objOffs[j], locs[j], sizes[j])
 		}
 	}
-	b.wait(func(item int, err error) { objs[item].err = err })
-	for _, p := range objs {
-		s.pool.release(p.o)
-		if p.err != nil {
-			s.log.Warn("umbp server: ranged get", "key", keys[p.i], "err", p.err)
-			continue
-		}
-		res[p.i] = true
-	}
+	gb.finish()
 	return res
-}
-
-// batchObject is an object of a ranged batch, the i-th key, while its GPU
-// copies are in flight: reserved (put) or acquired (get).
-type batchObject struct {
-	i   int
-	o   *object
-	err error
 }
 
 // allWithin reports whether every range [objOffs[j], +sizes[j]) lies inside

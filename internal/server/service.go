@@ -139,46 +139,18 @@ func (s *Server) batchPut(keys []string, client string, offs, sizes, bases []uin
 		return res
 	}
 	defer l.release()
-	batch := s.pool.newBatch()
-	// Objects are reserved and their copies queued in turn; the copies are
-	// made together, and the objects published in order (a later entry of
-	// the same key replaces an earlier one) once they are done.
-	objs := make([]batchObject, 0, len(keys))
-	b := s.newCopyBatch(len(keys))
-	defer b.release()
-	finish := func() {
-		b.wait(func(item int, err error) { objs[item].err = err })
-		for _, p := range objs {
-			if p.err != nil {
-				s.log.Warn("umbp server: batch put", "key", keys[p.i], "client", client, "err", p.err)
-				s.pool.abort(p.o)
-				continue
-			}
-			s.pool.publish(keys[p.i], p.o)
-			res[p.i] = true
-		}
-		objs = objs[:0]
-	}
+	pb := s.newPutBatch("batch put", client, keys, res, s.pool.newBatch(), len(keys))
+	defer pb.release()
 	for i, k := range keys {
-		if !s.pool.wants(k, batch) {
+		if !s.pool.wants(k, pb.batch) {
 			res[i] = true // stored already: the first value stays
 			continue
 		}
-		o, err := s.pool.reserve(sizes[i], batch)
-		if err != nil && len(objs) > 0 {
-			// The objects still being filled cannot be evicted: finish
-			// them, then try again.
-			finish()
-			o, err = s.pool.reserve(sizes[i], batch)
+		if o, item, ok := pb.reserve(i, sizes[i]); ok {
+			pb.copies.toPool(item, locs[i], o, 0, sizes[i])
 		}
-		if err != nil {
-			s.log.Debug("umbp server: batch put", "key", k, "err", err)
-			continue
-		}
-		objs = append(objs, batchObject{i: i, o: o})
-		b.toPool(len(objs)-1, locs[i], o, 0, sizes[i])
 	}
-	finish()
+	pb.finish()
 	return res
 }
 
@@ -227,10 +199,7 @@ func (v *service) BatchGet(_ context.Context, req *umbppb.BatchDataRequest) (*um
 		return &umbppb.BatchBoolResponse{Ok: res}, nil
 	}
 	defer l.release()
-	// Objects stay acquired until their copies, made together, are done.
-	objs := make([]batchObject, 0, len(keys))
-	b := s.newCopyBatch(len(keys))
-	defer b.release()
+	gb := s.newGetBatch("batch get", req.GetClientId(), keys, res, len(keys))
 	for i, k := range keys {
 		o := s.pool.acquire(k)
 		if o == nil {
@@ -240,18 +209,9 @@ func (v *service) BatchGet(_ context.Context, req *umbppb.BatchDataRequest) (*um
 			s.pool.release(o)
 			continue
 		}
-		objs = append(objs, batchObject{i: i, o: o})
-		b.fromPool(len(objs)-1, o, 0, locs[i], o.size)
+		gb.copies.fromPool(gb.add(i, o), o, 0, locs[i], o.size)
 	}
-	b.wait(func(item int, err error) { objs[item].err = err })
-	for _, p := range objs {
-		s.pool.release(p.o)
-		if p.err != nil {
-			s.log.Warn("umbp server: batch get", "key", keys[p.i], "err", p.err)
-			continue
-		}
-		res[p.i] = true
-	}
+	gb.finish()
 	return &umbppb.BatchBoolResponse{Ok: res}, nil
 }
 
