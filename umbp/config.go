@@ -57,7 +57,9 @@ type Config struct {
 	// connection (grpc.WithStatsHandler), reconnections included, to trace
 	// or measure each call: for OpenTelemetry, otelgrpc.NewClientHandler().
 	// It sees the gRPC calls only; the fd handoff is not gRPC. One handler
-	// may serve every handle.
+	// may serve every handle. A request message it is shown (the Payload
+	// of stats.OutPayload) is reused once the call returns: copy what it
+	// keeps.
 	StatsHandler stats.Handler
 }
 
