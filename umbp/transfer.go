@@ -49,6 +49,9 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 		job.failRest(nil) // nothing to move: COMPLETED
 		return job
 	}
+	if job.ended() { // every plan failed already
+		return job
+	}
 	// Cheap refusals first, without the lock.
 	if w.isClosed() {
 		job.failRest(notAttempted(ErrClosed))
@@ -105,15 +108,14 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 	w.jobsMu.Lock()
 	w.inflight[job] = struct{}{}
 	w.jobsMu.Unlock()
+	w.stats.submitted.Add(1) // before it can run, and so before it can end
 	if err := w.pool.Go(func() {
 		if w.run(job, tr, items, barrier) {
 			rangeSlabs.Put(slab) // no item is used any more
 		}
 	}); err != nil {
 		job.failQueued(ErrClosed)
-		return job
 	}
-	w.stats.submitted.Add(1)
 	return job
 }
 
@@ -341,7 +343,7 @@ func (w *WorkerHandle) retryStores(ctx context.Context, tr transport, items []it
 		if len(failed) == 0 {
 			return nil
 		}
-		if _, err := tr.flush(ctx); err != nil && errors.Is(err, conn.ErrUnavailable) {
+		if err := tr.flush(ctx); errors.Is(err, conn.ErrUnavailable) {
 			return nil // a Flush names no memory
 		}
 		time.Sleep(pause)

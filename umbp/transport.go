@@ -20,9 +20,10 @@ type transport interface {
 	move(ctx context.Context, kind jobKind, items []item) (ok []bool, errs []error, err error)
 	// flush asks the server to finish what its tiers have pending (copies
 	// on to its SSD tier, which can hold up eviction); a refused store's
-	// retry comes after one. It answers true at once where there is no
-	// lower tier.
-	flush(ctx context.Context) (bool, error)
+	// retry comes after one. Where there is no lower tier it returns nil at
+	// once. What the server answered does not matter to a retry: only a
+	// transport failure does.
+	flush(ctx context.Context) error
 	// ranged reports whether multi-range items move as they are.
 	ranged() bool
 	// conn is the connection the transport uses.
@@ -48,9 +49,9 @@ type rangedTransport struct{ c *conn.Conn }
 func (t rangedTransport) ranged() bool     { return true }
 func (t rangedTransport) conn() *conn.Conn { return t.c }
 
-// flush answers true at once: a server offers ranged I/O only with its SSD
-// tier off, so its Flush has nothing to finish and would cost a round trip.
-func (t rangedTransport) flush(context.Context) (bool, error) { return true, nil }
+// flush returns at once: a server offers ranged I/O only with its SSD tier
+// off, so its Flush has nothing to finish and would cost a round trip.
+func (t rangedTransport) flush(context.Context) error { return nil }
 
 func (t rangedTransport) move(ctx context.Context, kind jobKind, items []item) ([]bool, []error, error) {
 	var plain, other []int
@@ -185,9 +186,12 @@ type segmentTransport struct {
 	w *WorkerHandle
 }
 
-func (t segmentTransport) ranged() bool                            { return false }
-func (t segmentTransport) conn() *conn.Conn                        { return t.c }
-func (t segmentTransport) flush(ctx context.Context) (bool, error) { return t.c.Flush(ctx) }
+func (t segmentTransport) ranged() bool     { return false }
+func (t segmentTransport) conn() *conn.Conn { return t.c }
+func (t segmentTransport) flush(ctx context.Context) error {
+	_, err := t.c.Flush(ctx)
+	return err
+}
 
 func (t segmentTransport) move(ctx context.Context, kind jobKind, items []item) ([]bool, []error, error) {
 	results := make([]bool, len(items))
