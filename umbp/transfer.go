@@ -306,8 +306,8 @@ func keyError(kind jobKind, obj *conn.Object, ok bool, reqErr, lost error) error
 	case ok:
 		return nil
 	case reqErr != nil:
-		if errors.Is(reqErr, conn.ErrInvalidArgument) || errors.Is(reqErr, conn.ErrClosed) {
-			return notAttempted(reqErr) // refused before sending
+		if errors.Is(reqErr, conn.ErrNotSent) {
+			return notAttempted(reqErr)
 		}
 		if !isKeySentinel(reqErr) {
 			// A reply the handle cannot use (a gRPC code it does not

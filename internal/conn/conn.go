@@ -409,7 +409,7 @@ func (c *Conn) Ping(ctx context.Context) (Capabilities, error) {
 }
 
 // Close closes the connection; RPCs still outstanding end at once with
-// ErrClosed, but the server does not notice: it keeps reading or writing the
+// ErrClosed and ErrUnavailable, but the server does not notice: it keeps reading or writing the
 // memory those transfers named until its handlers return, so such memory
 // must never be freed or reused. The server also keeps whatever this client
 // registered: Deregister first when nothing may name it any more. Closing
@@ -425,10 +425,10 @@ func (c *Conn) Close() error {
 	return c.closeErr
 }
 
-// usable returns ErrClosed after Close.
+// usable returns ErrClosed (and ErrNotSent) after Close.
 func (c *Conn) usable(op string) error {
 	if c.closed.Load() {
-		return fmt.Errorf("umbp: %s: %w", op, ErrClosed)
+		return fmt.Errorf("umbp: %s: %w (%w)", op, ErrClosed, ErrNotSent)
 	}
 	return nil
 }

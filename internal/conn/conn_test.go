@@ -1130,8 +1130,8 @@ func TestClose(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	if err := <-done; !errors.Is(err, ErrClosed) {
-		t.Fatalf("in-flight BatchPut after Close = %v", err)
+	if err := <-done; !errors.Is(err, ErrClosed) || !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrNotSent) {
+		t.Fatalf("in-flight BatchPut after Close = %v, want ErrClosed and ErrUnavailable: it was sent", err)
 	}
 	if err := c.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
@@ -1163,8 +1163,8 @@ func TestClose(t *testing.T) {
 		"HitCounts":      func() error { _, err := c.GetExternalKvHitCounts(ctx, nil); return err },
 	}
 	for name, fn := range calls {
-		if err := fn(); !errors.Is(err, ErrClosed) {
-			t.Errorf("%s after Close = %v", name, err)
+		if err := fn(); !errors.Is(err, ErrClosed) || !errors.Is(err, ErrNotSent) {
+			t.Errorf("%s after Close = %v, want ErrClosed and ErrNotSent", name, err)
 		}
 	}
 	if s := c.State(); s != connectivity.Shutdown {

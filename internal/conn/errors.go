@@ -33,8 +33,14 @@ var (
 	// ErrInvalidArgument means the request was refused locally, before
 	// anything was sent.
 	ErrInvalidArgument = errors.New("invalid argument")
-	// ErrClosed means the Conn was closed.
+	// ErrClosed means the Conn was closed. A call made after Close also
+	// matches ErrNotSent; one cut off by Close matches ErrUnavailable: its
+	// request may have reached the server.
 	ErrClosed = errors.New("umbp: handle is closed")
+	// ErrNotSent means the request was refused before it was sent (an
+	// invalid argument, a closed Conn): the server never saw it, nor used
+	// the memory it names.
+	ErrNotSent = errors.New("request not sent")
 	// ErrPeerUnknown means a server process behind the connection could
 	// not be pinned (another pid namespace on a kernel without
 	// SO_PEERPIDFD), so its exit cannot be observed.
@@ -83,7 +89,7 @@ func refused(op, reason string) error { return &RefusedError{Op: op, Reason: rea
 
 // invalid returns an error wrapping ErrInvalidArgument.
 func invalid(op, format string, args ...any) error {
-	return fmt.Errorf("umbp: %s: %w: %s", op, ErrInvalidArgument, fmt.Sprintf(format, args...))
+	return fmt.Errorf("umbp: %s: %w (%w): %s", op, ErrInvalidArgument, ErrNotSent, fmt.Sprintf(format, args...))
 }
 
 // badReply returns an error wrapping ErrBadReply.
@@ -94,8 +100,8 @@ func badReply(op, format string, args ...any) error {
 // rpcError classifies the error of an RPC made with ctx. The gRPC status stays
 // reachable through the chain.
 func (c *Conn) rpcError(ctx context.Context, op string, err error) error {
-	if c.closed.Load() {
-		return fmt.Errorf("umbp: %s: %w: %w", op, ErrClosed, err)
+	if c.closed.Load() { // cut off: the server may have the request
+		return fmt.Errorf("umbp: %s: %w (%w): %w", op, ErrClosed, ErrUnavailable, err)
 	}
 	if cerr := ctx.Err(); cerr != nil {
 		return fmt.Errorf("umbp: %s: %w: %w", op, cerr, err)
