@@ -120,10 +120,10 @@ func (c Config) withDefaults() (Config, error) {
 
 // NormalizeEndpoint returns the gRPC address "unix:///abs/path" of a
 // standalone server socket. It accepts an absolute socket path, a
-// "unix:///abs/path" address, or gRPC's "unix:/abs/path" form. The data plane passes file descriptors and IPC handles
-// over Unix sockets, so any other scheme is rejected, as is a path that is
-// not absolute or that (with its derived fd-handoff socket) does not fit a
-// Unix socket address.
+// "unix:///abs/path" address, or gRPC's "unix:/abs/path" form. The data
+// plane passes file descriptors and IPC handles over Unix sockets, so any
+// other scheme is rejected, as is a path that is not absolute or that (with
+// its derived fd-handoff socket) does not fit a Unix socket address.
 func NormalizeEndpoint(endpoint string) (string, error) {
 	path := endpoint
 	if p, ok := strings.CutPrefix(endpoint, "unix://"); ok {

@@ -21,6 +21,7 @@ import (
 	"syscall"
 
 	"github.com/umbp-go/umbp-go/internal/bytesize"
+	"github.com/umbp-go/umbp-go/internal/fdpass"
 	"github.com/umbp-go/umbp-go/internal/server"
 )
 
@@ -67,6 +68,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	size, err := bytesize.Parse(*capacity)
 	if err != nil {
 		log.Error("invalid -capacity", "err", err)
+		return 2
+	}
+	if _, _, err := fdpass.SocketPaths(*endpoint); err != nil {
+		log.Error("invalid -endpoint", "err", err)
 		return 2
 	}
 	if *version != 1 && *version != 2 {

@@ -155,8 +155,8 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{"extra"},
 	} {
 		var out, errOut bytes.Buffer
-		if code := run(args, &out, &errOut); code == 0 {
-			t.Errorf("run(%q) = 0, want an error", args)
+		if code := run(args, &out, &errOut); code != 2 {
+			t.Errorf("run(%q) = %d, want 2 (a usage error)", args, code)
 		}
 		if out.Len() != 0 {
 			t.Errorf("run(%q) printed %q", args, out.String())

@@ -404,12 +404,8 @@ func printBench(w io.Writer, r *benchResult) {
 
 // spread formats the median, min and max of vs.
 func spread(vs []float64, unit string, f func(float64) string) string {
-	s := slices.Clone(vs)
-	slices.Sort(s)
-	med := s[len(s)/2]
-	if len(s)%2 == 0 {
-		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
-	}
+	med := median(vs)
+	s := slices.Sorted(slices.Values(vs))
 	if unit != "" {
 		unit = " " + unit
 	}

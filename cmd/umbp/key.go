@@ -131,7 +131,7 @@ func keyTokens(e env, kf *keyerFlags, args []string) error {
 	}
 	keys, err := keyer.Keys(tokens, kf.extra())
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", errUsage, err) // as lookup -tokens says it
 	}
 	for _, k := range keys.Keys {
 		fmt.Fprintln(e.stdout, k)

@@ -137,8 +137,7 @@ func lookupKeys(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntim
 			fmt.Fprintf(e.stdout, "%-4s %s\n", state, a.Key)
 		}
 	}
-	held, lead := ans.Held, ans.Leading
-	fmt.Fprintf(e.stdout, "%d of %d keys held, the leading %d (answered in %v)\n", held, len(keys), lead, took.Round(time.Microsecond))
+	fmt.Fprintf(e.stdout, "%d of %d keys held, the leading %d (answered in %v)\n", ans.Held, len(keys), ans.Leading, took.Round(time.Microsecond))
 	return nil
 }
 
