@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -45,9 +44,7 @@ func pingFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string)
 			return err
 		}
 		if *asJSON {
-			enc := json.NewEncoder(e.stdout)
-			enc.SetIndent("", "  ")
-			if err := enc.Encode(res); err != nil {
+			if err := printJSON(e, res); err != nil {
 				return err
 			}
 		} else {

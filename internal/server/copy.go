@@ -104,7 +104,7 @@ func (b *copyBatch) copyHost() []error {
 	if b.bytes < parallelCopyMin || workers < 2 {
 		// One goroutine: the whole batch is one unit.
 		last := len(b.host) - 1
-		return b.faultErrors(b.copyUnit(copyUnit{first: 0, lo: 0, last: last, hi: len(b.host[last].src)}))
+		return b.faultErrors(b.runUnit(copyUnit{first: 0, lo: 0, last: last, hi: len(b.host[last].src)}))
 	}
 	var units []copyUnit
 	cur := copyUnit{first: 0, lo: 0}
@@ -130,20 +130,7 @@ func (b *copyBatch) copyHost() []error {
 		units = append(units, cur)
 	}
 	var mu sync.Mutex
-	var errs []error
-	record := func(faults []copyFault) {
-		if len(faults) == 0 {
-			return
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if errs == nil {
-			errs = make([]error, len(b.host))
-		}
-		for _, f := range faults {
-			errs[f.copy] = f.err
-		}
-	}
+	var faults []copyFault
 	workers = min(workers, len(units))
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -154,12 +141,16 @@ func (b *copyBatch) copyHost() []error {
 				if k >= len(units) {
 					return
 				}
-				record(b.copyUnit(units[k]))
+				if f := b.runUnit(units[k]); f != nil {
+					mu.Lock()
+					faults = append(faults, f...)
+					mu.Unlock()
+				}
 			}
 		})
 	}
 	wg.Wait()
-	return errs
+	return b.faultErrors(faults)
 }
 
 // faultErrors turns faults into copyHost's answer: nil without faults.
@@ -187,10 +178,10 @@ type copyUnit struct {
 	last, hi  int
 }
 
-// copyUnit makes u's copies and returns those a memory fault stopped (a
+// runUnit makes u's copies and returns those a memory fault stopped (a
 // client may shrink its memfd after registering it: touching the pages
 // past its new end must fail the op, not crash the server).
-func (b *copyBatch) copyUnit(u copyUnit) (faults []copyFault) {
+func (b *copyBatch) runUnit(u copyUnit) (faults []copyFault) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	i := u.first
 	for i <= u.last {
@@ -224,8 +215,9 @@ func (b *copyBatch) copyFrom(u copyUnit, i *int) (err error) {
 	return nil
 }
 
-// wait makes the queued copies and calls failed once for each item one of
-// whose copies failed, with that copy's error. The batch is then empty.
+// wait makes the queued copies and calls failed for each item one of whose
+// copies failed, with that copy's error: at most once for its host copies
+// and once for its GPU copies. The batch is then empty.
 func (b *copyBatch) wait(failed func(item int, err error)) {
 	hostErrs := b.copyHost()
 	last := -1
