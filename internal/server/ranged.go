@@ -3,7 +3,6 @@ package server
 import (
 	"slices"
 
-	"github.com/umbp-go/umbp-go/internal/slicepool"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
@@ -90,21 +89,6 @@ func cmpU64(a, b uint64) int {
 	return 0
 }
 
-// rangedSpans lists the memory the flattened ranges name, in a slice from
-// spanLists that the caller gives back.
-func rangedSpans(req *umbppb.BatchRangeDataRequest) []span {
-	offs, bases, sizes := req.GetShmOffsets(), req.GetRegionBases(), req.GetSizes()
-	spans := spanLists.Get(len(offs))
-	for j := range spans {
-		spans[j] = span{base: bases[j], off: offs[j], size: sizes[j]}
-	}
-	return spans
-}
-
-// spanLists recycles the span lists of ranged requests (a quarter MiB for
-// 8192 ranges); lists of up to 64 Ki spans are kept.
-var spanLists = slicepool.New[span](1 << 16)
-
 // resolveRanged checks a ranged batch's shape and resolves every range it
 // names; a batch that fails either is all-false. On success the caller
 // releases the lease.
@@ -113,10 +97,8 @@ func (s *Server) resolveRanged(req *umbppb.BatchRangeDataRequest, put bool) (sta
 	if !ok || len(req.GetKeys()) == 0 {
 		return nil, nil, nil, false
 	}
-	spans := rangedSpans(req)
-	defer spanLists.Put(spans)
-	locs = make([]loc, len(spans))
-	l, ok = s.regs.resolve(req.GetClientId(), spans, true, locs)
+	locs = make([]loc, len(req.GetShmOffsets()))
+	l, ok = s.regs.resolve(req.GetClientId(), req.GetRegionBases(), req.GetShmOffsets(), req.GetSizes(), true, locs)
 	return starts, locs, l, ok
 }
 

@@ -108,12 +108,7 @@ func newRegionTable(log *slog.Logger, gpu GPUBackend) *regionTable {
 	}
 }
 
-// span is memory as a data op names it.
-type span struct {
-	base, off, size uint64
-}
-
-// loc is a resolved span: an offset into a referenced region.
+// loc is a resolved range of memory: an offset into a referenced region.
 type loc struct {
 	r   *region
 	off uint64
@@ -125,31 +120,34 @@ type lease struct {
 	regions []*region
 }
 
-// resolve maps every span of client to a region, taking one reference on
-// each distinct region, and writes the results to out (len(out) ==
-// len(spans)). A span with base 0 goes to the first region it fits. With
-// allowEmpty a zero-size span resolves when its offset lies inside the
-// region (ranged calls); otherwise size 0 fails. It returns false, holding
-// nothing, when any span fails.
-func (t *regionTable) resolve(client string, spans []span, allowEmpty bool, out []loc) (*lease, bool) {
+// resolve maps the memory ranges a data op of client names, as its request
+// does — range i is sizes[i] bytes at offs[i] of the region at bases[i] —
+// to regions, taking one reference on each distinct region, and writes the
+// results to out (len(out) == len(offs) == len(sizes)). A range with base 0,
+// or every range when bases is empty, goes to the first region it fits.
+// With allowEmpty a zero-size range resolves when its offset lies inside
+// the region (ranged calls); otherwise size 0 fails. It returns false,
+// holding nothing, when any range fails.
+func (t *regionTable) resolve(client string, bases, offs, sizes []uint64, allowEmpty bool, out []loc) (*lease, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	cr := t.clients[client]
 	if cr == nil || t.closed {
 		return nil, false
 	}
-	for i, sp := range spans {
-		if sp.size == 0 && !allowEmpty {
+	for i, off := range offs {
+		size := sizes[i]
+		if size == 0 && !allowEmpty {
 			return nil, false
 		}
 		var r *region
-		if sp.base != 0 {
-			if c := cr.byBase[sp.base]; c != nil && c.fits(sp.off, sp.size) {
+		if len(bases) != 0 && bases[i] != 0 {
+			if c := cr.byBase[bases[i]]; c != nil && c.fits(off, size) {
 				r = c
 			}
 		} else {
 			for _, c := range cr.list {
-				if c.fits(sp.off, sp.size) {
+				if c.fits(off, size) {
 					r = c
 					break
 				}
@@ -158,7 +156,7 @@ func (t *regionTable) resolve(client string, spans []span, allowEmpty bool, out 
 		if r == nil {
 			return nil, false
 		}
-		out[i] = loc{r: r, off: sp.off}
+		out[i] = loc{r: r, off: off}
 	}
 	l := &lease{t: t}
 	for _, lc := range out {

@@ -50,7 +50,7 @@ func (s *Server) one(client string, base, off, size uint64, do func(l loc) *umbp
 	}
 	defer s.ops.end()
 	var out [1]loc
-	l, ok := s.regs.resolve(client, []span{{base, off, size}}, false, out[:])
+	l, ok := s.regs.resolve(client, []uint64{base}, []uint64{off}, []uint64{size}, false, out[:])
 	if !ok {
 		return failReply(MsgBadShmBuffer)
 	}
@@ -110,31 +110,21 @@ func (s *Server) fetch(key string, l loc, size uint64) bool {
 	return true
 }
 
-// batchSpans checks a contiguous batch's array lengths and lists its memory.
-// region_bases may be empty (every entry: the first region that fits).
-func batchSpans(n int, offs, sizes, bases []uint64) ([]span, bool) {
-	if len(offs) != n || len(sizes) != n || len(bases) != 0 && len(bases) != n {
-		return nil, false
-	}
-	spans := make([]span, n)
-	for i := range spans {
-		spans[i] = span{off: offs[i], size: sizes[i]}
-		if len(bases) != 0 {
-			spans[i].base = bases[i]
-		}
-	}
-	return spans, true
+// batchShape reports whether a contiguous batch of n keys has one offset
+// and size a key, and no region bases or one a key (none: every entry goes
+// to the first region that fits).
+func batchShape(n int, offs, sizes, bases []uint64) bool {
+	return len(offs) == n && len(sizes) == n && (len(bases) == 0 || len(bases) == n)
 }
 
 // batchPut stores every entry, or nothing when any entry is malformed.
 func (s *Server) batchPut(keys []string, client string, offs, sizes, bases []uint64) []bool {
 	res := make([]bool, len(keys))
-	spans, ok := batchSpans(len(keys), offs, sizes, bases)
-	if !ok || len(keys) == 0 {
+	if !batchShape(len(keys), offs, sizes, bases) || len(keys) == 0 {
 		return res
 	}
-	locs := make([]loc, len(spans))
-	l, ok := s.regs.resolve(client, spans, false, locs)
+	locs := make([]loc, len(keys))
+	l, ok := s.regs.resolve(client, bases, offs, sizes, false, locs)
 	if !ok {
 		return res
 	}
@@ -189,12 +179,12 @@ func (v *service) BatchGet(_ context.Context, req *umbppb.BatchDataRequest) (*um
 		return &umbppb.BatchBoolResponse{Ok: res}, nil
 	}
 	defer s.ops.end()
-	spans, ok := batchSpans(len(keys), req.GetShmOffsets(), req.GetSizes(), req.GetRegionBases())
-	if !ok || len(keys) == 0 {
+	offs, sizes, bases := req.GetShmOffsets(), req.GetSizes(), req.GetRegionBases()
+	if !batchShape(len(keys), offs, sizes, bases) || len(keys) == 0 {
 		return &umbppb.BatchBoolResponse{Ok: res}, nil
 	}
-	locs := make([]loc, len(spans))
-	l, ok := s.regs.resolve(req.GetClientId(), spans, false, locs)
+	locs := make([]loc, len(keys))
+	l, ok := s.regs.resolve(req.GetClientId(), bases, offs, sizes, false, locs)
 	if !ok {
 		return &umbppb.BatchBoolResponse{Ok: res}, nil
 	}
@@ -205,7 +195,7 @@ func (v *service) BatchGet(_ context.Context, req *umbppb.BatchDataRequest) (*um
 		if o == nil {
 			continue
 		}
-		if o.size != spans[i].size {
+		if o.size != sizes[i] {
 			s.pool.release(o)
 			continue
 		}
