@@ -29,20 +29,11 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// defaultEndpoint is MORI's default node address.
-func defaultEndpoint() string {
-	node := os.Getenv("UMBP_NODE_ID")
-	if node == "" {
-		node = "node0"
-	}
-	return "unix:///run/umbp/standalone/" + node + ".grpc.sock"
-}
-
 // run is main without the exit: it returns the exit status.
 func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("umbp-standalone-server", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	endpoint := fs.String("endpoint", defaultEndpoint(), "gRPC socket: an absolute path or unix:///abs/path (the fd socket is derived)")
+	endpoint := fs.String("endpoint", fdpass.DefaultEndpoint(), "gRPC socket: an absolute path or unix:///abs/path (the fd socket is derived); default $UMBP_ENDPOINT, else MORI's node address from $UMBP_NODE_ID")
 	capacity := fs.String("capacity", "1GiB", "DRAM pool size in bytes; suffixes K, M, G, T (and KiB, MiB, GiB, TiB) are powers of 1024, KB, MB, GB, TB powers of 1000")
 	version := fs.Int("version", 2, "protocol version: 1 (host memory, contiguous batches) or 2 (adds ranged I/O and GPU IPC)")
 	prefault := fs.Bool("prefault", true, "map the whole pool at start-up (commits -capacity bytes at once)")

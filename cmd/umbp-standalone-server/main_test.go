@@ -180,14 +180,3 @@ func TestRunGPUOnWithoutRuntime(t *testing.T) {
 		t.Errorf("the socket was created: %v", err)
 	}
 }
-
-func TestDefaultEndpoint(t *testing.T) {
-	t.Setenv("UMBP_NODE_ID", "")
-	if got := defaultEndpoint(); got != "unix:///run/umbp/standalone/node0.grpc.sock" {
-		t.Errorf("default endpoint %q", got)
-	}
-	t.Setenv("UMBP_NODE_ID", "n3")
-	if got := defaultEndpoint(); got != "unix:///run/umbp/standalone/n3.grpc.sock" {
-		t.Errorf("default endpoint %q", got)
-	}
-}

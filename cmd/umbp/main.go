@@ -40,6 +40,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/umbp-go/umbp-go/internal/fdpass"
 	"github.com/umbp-go/umbp-go/umbp"
 )
 
@@ -174,7 +175,7 @@ type common struct {
 
 // register adds the shared flags, with the command's default timeout.
 func (c *common) register(fs *flag.FlagSet, timeout time.Duration, timeoutDoc string) {
-	fs.StringVar(&c.endpoint, "endpoint", defaultEndpoint(), "server socket: an absolute path or unix:///abs/path")
+	fs.StringVar(&c.endpoint, "endpoint", fdpass.DefaultEndpoint(), "server socket: an absolute path or unix:///abs/path")
 	fs.DurationVar(&c.timeout, "timeout", timeout, timeoutDoc)
 	fs.Var(&c.trusted, "trust-uid", "uids besides yours and root's trusted to run the server, comma-separated")
 	fs.BoolVar(&c.verbose, "v", false, "log the client library's debug messages on stderr")
@@ -215,18 +216,6 @@ func (c *common) runtime(adjust ...func(*umbp.Config)) (*umbp.StandaloneRuntime,
 		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
 	return rt, nil
-}
-
-// defaultEndpoint is $UMBP_ENDPOINT, else MORI's default node address.
-func defaultEndpoint() string {
-	if ep := os.Getenv("UMBP_ENDPOINT"); ep != "" {
-		return ep
-	}
-	node := os.Getenv("UMBP_NODE_ID")
-	if node == "" {
-		node = "node0"
-	}
-	return "unix:///run/umbp/standalone/" + node + ".grpc.sock"
 }
 
 // uidList is a flag of comma-separated uids.

@@ -100,22 +100,6 @@ func TestUsage(t *testing.T) {
 	mustRun(t, exitUsage, "", "ping", "-trust-uid", "root", "-endpoint", "/tmp/x.sock")
 }
 
-func TestDefaultEndpoint(t *testing.T) {
-	t.Setenv("UMBP_ENDPOINT", "")
-	t.Setenv("UMBP_NODE_ID", "")
-	if got, want := defaultEndpoint(), "unix:///run/umbp/standalone/node0.grpc.sock"; got != want {
-		t.Errorf("defaultEndpoint() = %q, want %q", got, want)
-	}
-	t.Setenv("UMBP_NODE_ID", "node3")
-	if got, want := defaultEndpoint(), "unix:///run/umbp/standalone/node3.grpc.sock"; got != want {
-		t.Errorf("defaultEndpoint() = %q, want %q", got, want)
-	}
-	t.Setenv("UMBP_ENDPOINT", "/tmp/a.grpc.sock")
-	if got, want := defaultEndpoint(), "/tmp/a.grpc.sock"; got != want {
-		t.Errorf("defaultEndpoint() = %q, want %q", got, want)
-	}
-}
-
 func TestPing(t *testing.T) {
 	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
 	stdout, _ := mustRun(t, exitOK, "", "ping", "-endpoint", srv.Endpoint(), "-count", "2", "-fd")
