@@ -80,8 +80,15 @@ func TestWaitOfStartedJobEndsAtItsDeadline(t *testing.T) {
 	if _, ok := j.begin(50*time.Millisecond, false); !ok {
 		t.Fatal("begin failed")
 	}
+	waitsUntilBlocked(t, j, o, time.Hour)
+}
+
+// waitsUntilBlocked checks that a wait for j (queuedFor its queued bound)
+// ends at j's deadline, with j blocked, and then ends j.
+func waitsUntilBlocked(t *testing.T, j *TransferJob, o *nopOwner, queuedFor time.Duration) {
+	t.Helper()
 	got := make(chan error, 1)
-	go func() { got <- j.wait(context.Background(), time.Hour) }()
+	go func() { got <- j.wait(context.Background(), queuedFor) }()
 	select {
 	case err := <-got:
 		if !errors.Is(err, ErrBuffersInUse) {
@@ -107,20 +114,7 @@ func TestWaitForJobStartingAsItIsWithdrawn(t *testing.T) {
 		}
 	}
 	defer func() { testHookQueuedWaitRanOut = nil }()
-	got := make(chan error, 1)
-	go func() { got <- j.wait(context.Background(), time.Millisecond) }()
-	select {
-	case err := <-got:
-		if !errors.Is(err, ErrBuffersInUse) {
-			t.Fatalf("wait = %v, want ErrBuffersInUse at the job's deadline", err)
-		}
-	case <-time.After(time.Minute):
-		t.Fatal("the wait outlived the job's deadline by a minute")
-	}
-	if o.blocked.Load() != 1 {
-		t.Fatalf("blocked %d past the deadline, want 1", o.blocked.Load())
-	}
-	j.failRest(nil)
+	waitsUntilBlocked(t, j, o, time.Millisecond)
 }
 
 // A job whose stream gets there only after its deadline, or after its
