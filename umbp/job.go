@@ -68,9 +68,9 @@ func (k jobKind) String() string {
 // job is blocked on the handle's current connection.
 // detached: the transport failed under the transfer, or the connection was
 // replaced: the buffers stay in use until the old server process has exited
-// or answered, but the job holds nothing up on the new server. A job
-// replaced while in stream is detached too, and fails having sent nothing
-// once its stream gets there (streamReady).
+// or answered, but the job holds nothing up on the new server. A job whose
+// connection is replaced while in stream stays there, marked replaced, and
+// fails having sent nothing once its stream gets there (streamReady).
 type phase uint8
 
 const (
@@ -112,6 +112,7 @@ type TransferJob struct {
 	left      int      // plans without an outcome
 	cancelled error    // why a CANCELLED job was withdrawn
 	failure   error    // a FAILED job's error, built once as it ends
+	replaced  bool     // in stream when its connection was replaced
 	submitted bool     // handed to the transfer goroutines
 	deadline  time.Time
 	timer     *time.Timer // fires expire at the deadline
@@ -401,8 +402,8 @@ func (j *TransferJob) streamReady() error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	switch {
-	case j.phase != phaseStream:
-		return errReconnecting // detached: its connection was replaced
+	case j.phase != phaseStream || j.replaced:
+		return errReconnecting // its connection was replaced meanwhile
 	case !time.Now().Before(j.deadline):
 		return errStreamLate
 	}
@@ -428,7 +429,10 @@ func (j *TransferJob) expire() {
 func (j *TransferJob) detach() {
 	j.mu.Lock()
 	was := j.phase
-	if was == phaseStream || was == phaseInFlight || was == phaseBlocked {
+	switch was {
+	case phaseStream:
+		j.replaced = true // it fails unsent once its stream gets there
+	case phaseInFlight, phaseBlocked:
 		j.phase = phaseDetached
 	}
 	j.mu.Unlock()

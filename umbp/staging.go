@@ -229,7 +229,7 @@ func (w *WorkerHandle) staged(ctx context.Context, c *conn.Conn, kind jobKind, i
 func (w *WorkerHandle) stageChunk(ctx context.Context, c *conn.Conn, kind jobKind, items []item, idx []int, total uint64, results []bool) error {
 	buf, err := w.staging.get(ctx, c, total)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w (%w)", err, conn.ErrNotSent) // nothing of the chunk went out
 	}
 	defer func() {
 		// A transport that failed under the call may leave the server

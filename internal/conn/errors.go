@@ -125,14 +125,14 @@ func (c *Conn) rpcError(ctx context.Context, op string, err error) error {
 func (c *Conn) handoffError(ctx context.Context, err error) error {
 	const op = "fd handoff"
 	switch {
-	case c.closed.Load():
-		return fmt.Errorf("umbp: %s: %w: %w", op, ErrClosed, err)
+	case c.closed.Load(): // cut off: the server may have the descriptor
+		return fmt.Errorf("umbp: %s: %w (%w): %w", op, ErrClosed, ErrUnavailable, err)
 	case errors.Is(err, ErrUntrustedServer):
 		return fmt.Errorf("umbp: %s: %w", op, err)
 	case errors.Is(err, fdpass.ErrRejected):
 		return &RefusedError{Op: op, Err: err}
 	case errors.Is(err, fdpass.ErrInvalidMessage):
-		return fmt.Errorf("umbp: %s: %w: %w", op, ErrInvalidArgument, err)
+		return fmt.Errorf("umbp: %s: %w (%w): %w", op, ErrInvalidArgument, ErrNotSent, err)
 	case ctx.Err() != nil:
 		return fmt.Errorf("umbp: %s: %w", op, err) // fdpass already names the context error
 	case errors.Is(err, fdpass.ErrBadReply):

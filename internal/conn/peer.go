@@ -79,17 +79,24 @@ func (p *peers) close() {
 // transport to has exited, or ctx ends. A transfer that failed with
 // ErrUnavailable holds its buffers until then: the server may still be
 // copying. A server in this process is not waited for. When a server could
-// not be pinned it returns ErrPeerUnknown at once: nothing can prove that
-// server gone, and the buffers must never be released.
+// not be pinned, or the Conn is closed (its peers no longer watched), it
+// returns ErrPeerUnknown at once: nothing can prove that server gone, and
+// the buffers must never be released.
 func (c *Conn) WaitPeersGone(ctx context.Context) error {
 	// Duplicates, so that a concurrent Close cannot pull them away.
 	c.peers.mu.Lock()
 	unknown := c.peers.unknown
+	if c.peers.closed {
+		unknown = true
+	}
 	var left []unix.PollFd
 	for _, fd := range c.peers.fds {
-		if d, err := unix.Dup(fd); err == nil {
-			left = append(left, unix.PollFd{Fd: int32(d), Events: unix.POLLIN})
+		d, err := unix.Dup(fd)
+		if err != nil {
+			unknown = true // a process not watched is not proven gone
+			continue
 		}
+		left = append(left, unix.PollFd{Fd: int32(d), Events: unix.POLLIN})
 	}
 	c.peers.mu.Unlock()
 	defer func() {

@@ -1,6 +1,6 @@
 // Package slicepool recycles large slices that a hot path would otherwise
 // allocate once a request: a ranged request's thousands of ranges, its copy
-// list, its spans.
+// list.
 package slicepool
 
 import "sync"
@@ -27,12 +27,14 @@ func (p *Pool[T]) Get(n int) []T {
 }
 
 // Put gives s back, its elements zeroed (so the pool holds no references).
-// The caller must not use s afterwards.
+// s must come back at the length it was last written to: what lies past it
+// is not cleared (clearing a large slice's whole capacity on every Put
+// would cost the small requests that reuse it). The caller must not use s
+// afterwards.
 func (p *Pool[T]) Put(s []T) {
 	if cap(s) == 0 || cap(s) > p.max {
 		return
 	}
-	s = s[:cap(s)] // a shortened s still holds what lies past its length
 	clear(s)
 	s = s[:0]
 	p.p.Put(&s)
