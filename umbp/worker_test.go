@@ -486,6 +486,9 @@ func TestFallbackKeyErrors(t *testing.T) {
 	if errors.Is(staged, umbp.ErrNotInPool) || !strings.Contains(staged.Error(), "staging") {
 		t.Errorf("the staged key carries %v, want the staging buffer's error", staged)
 	}
+	if !errors.Is(staged, umbp.ErrNotAttempted) {
+		t.Errorf("the staged key carries %v, want ErrNotAttempted: without a staging buffer nothing went out", staged)
+	}
 }
 
 // TestTransferInParts: a job of more ranges than one part holds goes to the
