@@ -139,5 +139,8 @@ func NormalizeEndpoint(endpoint string) (string, error) {
 	if _, _, err := fdpass.SocketPaths(path); err != nil {
 		return "", err
 	}
+	if base, ok := strings.CutSuffix(path, ".fd.sock"); ok {
+		return "", fmt.Errorf("standalone UMBP endpoint %q is a server's fd-handoff socket; the endpoint is its gRPC socket, such as %s.grpc.sock", endpoint, base)
+	}
 	return "unix://" + path, nil
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/umbp-go/umbp-go/internal/conn"
 	"github.com/umbp-go/umbp-go/internal/errdefs"
 )
 
@@ -13,6 +12,11 @@ import (
 // table says when each appears and what to do. Every error the package
 // returns wraps at most a few of them, and keeps the server's words and the
 // connection's classification in its chain: match with errors.Is.
+//
+// An error a function or method of the package returns reads "umbp:" once,
+// at its start, and names the server's endpoint once where a server was
+// asked; the values below, and the errors of single keys (KeyErr), carry
+// neither, since they are parts of such an error.
 var (
 	// ErrNotAttempted means a key's transfer never touched the server or
 	// the key's memory: the engine may reuse the blocks at once and
@@ -21,31 +25,31 @@ var (
 	ErrNotAttempted = errors.New("transfer not attempted")
 	// ErrNotInPool means a load found no object under the key (or one of
 	// another size): a cache miss. The destination was not written.
-	ErrNotInPool = errors.New("umbp: not in the pool")
+	ErrNotInPool = errors.New("not in the pool")
 	// ErrRefused means the server answered but would not do what was asked:
 	// a store the pool could not take (full, or the object larger than the
 	// pool), or a registration it rejected. The server's reason, when it
 	// gave one, is in the text.
-	ErrRefused = conn.ErrRefused
+	ErrRefused = errdefs.ErrRefused
 	// ErrUnavailable means the server could not be reached, or went away
 	// under a call: the transport failed, the connection was refused, or
 	// the handle is re-attaching to a restarted server. A key whose request
 	// got a reply the handle cannot use (an unexpected gRPC error, results
 	// of the wrong length) fails with it too: it was sent.
-	ErrUnavailable = conn.ErrUnavailable
+	ErrUnavailable = errdefs.ErrUnavailable
 	// ErrCancelled means a job was withdrawn before it started
 	// ([WorkerHandle.Cancel], or Close): its buffers were never used.
-	ErrCancelled = errors.New("umbp: transfer cancelled before it started")
+	ErrCancelled = errors.New("transfer cancelled before it started")
 	// ErrBuffersInUse means the server may still read or write the memory a
 	// job or buffer names: a transfer is running past its deadline, or a
 	// buffer is still registered. The engine must not reuse or free it yet.
-	ErrBuffersInUse = errors.New("umbp: buffers still in use by the server")
+	ErrBuffersInUse = errors.New("buffers still in use by the server")
 	// ErrBuffersAbandoned means a handle was closed while a transfer was
 	// still in flight (or deregistration did not return): its registered
 	// memory stays registered and must not be freed until the transfers
 	// that held it have ended and the handle has deregistered it; Stats'
 	// AbandonedBytes counts what is still held.
-	ErrBuffersAbandoned = errors.New("umbp: buffers abandoned to a server that may still use them")
+	ErrBuffersAbandoned = errors.New("buffers abandoned to a server that may still use them")
 	// ErrNotSupported means the operation needs something this host or
 	// server lacks: a GPU runtime, or a server with ranged I/O.
 	ErrNotSupported = errdefs.ErrNotSupported
@@ -55,10 +59,10 @@ var (
 	// user, or a server process running as another user. Only this
 	// process's user, root and the uids in Config.TrustedUIDs are trusted.
 	// The error says what was wrong.
-	ErrUntrustedServer = conn.ErrUntrustedServer
+	ErrUntrustedServer = errdefs.ErrUntrustedServer
 	// ErrClosed is returned by calls on a closed handle, and fails the keys
 	// of transfers submitted to one.
-	ErrClosed = conn.ErrClosed
+	ErrClosed = errdefs.ErrClosed
 )
 
 // isKeySentinel reports whether err matches one of the sentinels a key's
@@ -81,16 +85,17 @@ func notAttempted(cause error) error {
 
 // Reasons a transfer is refused before it starts.
 var (
-	errBlocked      = errors.New("an earlier UMBP standalone transfer is still blocked in the server")
-	errQueuedBehind = errors.New("queued behind a blocked UMBP standalone transfer")
-	errReconnecting = fmt.Errorf("%w: re-attaching to the UMBP standalone server", ErrUnavailable)
-	errNilJob       = fmt.Errorf("%w: nil *TransferJob (was the error of StoreBlocks or LoadBlocks ignored?)", ErrInvalidPlan)
+	errBlocked      = errors.New("an earlier transfer is still blocked in the server")
+	errQueuedBehind = errors.New("queued behind a blocked transfer")
+	errReconnecting = fmt.Errorf("%w: re-attaching to the server", ErrUnavailable)
+	errNilJob       = fmt.Errorf("umbp: %w: nil *TransferJob (was the error of StoreBlocks or LoadBlocks ignored?)", ErrInvalidPlan)
 )
 
 // jobError is the error of a job that FAILED: every distinct key error once,
 // with the number of keys it failed. errors.Is and errors.As see each.
 type jobError struct {
 	kind   jobKind
+	where  string  // the endpoint
 	keys   int     // the job's keys
 	errs   []error // distinct by text, in plan order
 	counts []int   // keys failed by errs[i]
@@ -102,12 +107,12 @@ type jobError struct {
 // and a log line need not hold them all. Unwrap and KeyErr have every one.
 const jobErrorShown = 3
 
-// Error reads "umbp: store failed for 2 of 4 keys: <error>", or with
+// Error reads "umbp: store at <endpoint> failed for 2 of 4 keys: <error>", or with
 // several distinct errors "…: 1 key: <error>; 1 key: <error>", the first
 // jobErrorShown of them, then "; and 5 more keys (5 other errors)".
 func (e *jobError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "umbp: %s failed for %d of %s: ", e.kind, e.failed, plural(e.keys, "key"))
+	fmt.Fprintf(&b, "umbp: %s at %s failed for %d of %s: ", e.kind, e.where, e.failed, plural(e.keys, "key"))
 	shown := 0
 	for i, err := range e.errs[:min(len(e.errs), jobErrorShown)] {
 		if i > 0 {
@@ -133,4 +138,13 @@ func plural(n int, noun string) string {
 		return "1 " + noun
 	}
 	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+// public gives an error the package's prefix, as a function of the package
+// returns it; nil stays nil.
+func public(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("umbp: %w", err)
 }

@@ -290,7 +290,8 @@ func TestJobErrorText(t *testing.T) {
 	e := newEngine(t, rt, 2, 4, 256)
 	job := e.w.Load(e.plans(t, "absent", 0))
 	waitJob(t, e.w, job)
-	if msg := job.Err().Error(); !strings.HasPrefix(msg, "umbp: load failed for 1 of 1 key: umbp: not in the pool") {
+	at := " at " + srv.Endpoint() + " "
+	if msg := job.Err().Error(); !strings.HasPrefix(msg, "umbp: load"+at+"failed for 1 of 1 key: not in the pool") {
 		t.Errorf("one missing key: %q", msg)
 	}
 	plans := append(e.plans(t, "absent", 0, 1), e.plans(t, "bad", 2)...)
@@ -298,7 +299,7 @@ func TestJobErrorText(t *testing.T) {
 	job = e.w.Load(plans)
 	waitJob(t, e.w, job)
 	msg := job.Err().Error()
-	for _, want := range []string{"umbp: load failed for 3 of 3 keys: ", `1 key: umbp: not in the pool: key "absent-1"`, "1 key: transfer not attempted"} {
+	for _, want := range []string{"umbp: load" + at + "failed for 3 of 3 keys: ", `1 key: not in the pool: key "absent-1"`, "1 key: transfer not attempted"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("%q lacks %q", msg, want)
 		}
@@ -308,7 +309,7 @@ func TestJobErrorText(t *testing.T) {
 	job = e.w.Load(e.plans(t, "absent", 0, 1, 2, 3))
 	waitJob(t, e.w, job)
 	msg = job.Err().Error()
-	want := `umbp: load failed for 4 of 4 keys: 1 key: umbp: not in the pool: key "absent-0"`
+	want := `umbp: load` + at + `failed for 4 of 4 keys: 1 key: not in the pool: key "absent-0"`
 	if !strings.HasPrefix(msg, want) || !strings.HasSuffix(msg, "; and 1 more key (1 other error)") || strings.Contains(msg, `"absent-3"`) {
 		t.Errorf("four missing keys: %q", msg)
 	}
@@ -323,7 +324,7 @@ func TestJobErrorText(t *testing.T) {
 		t.Fatal(err)
 	}
 	job = e.w.Store(e.plans(t, "late", 0, 1, 2))
-	if msg := job.Err().Error(); msg != "umbp: store failed for 3 of 3 keys: transfer not attempted: umbp: handle is closed" {
+	if msg := job.Err().Error(); msg != "umbp: store"+at+"failed for 3 of 3 keys: transfer not attempted: handle is closed" {
 		t.Errorf("a store on a closed handle: %q", msg)
 	}
 }

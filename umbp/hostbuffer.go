@@ -42,7 +42,7 @@ func (l MemoryLocation) String() string {
 // [HostBuffer] (or runs past the end of one), is GPU memory outside its
 // allocation or on another device than it names, or its name or memory is
 // already registered otherwise. The error says which.
-var ErrInvalidBuffer = errors.New("umbp: invalid buffer")
+var ErrInvalidBuffer = errors.New("invalid buffer")
 
 // Buffer names memory to register with the server: Size bytes at Ptr.
 // Device is the GPU ordinal of GPU memory.

@@ -100,6 +100,7 @@ type TransferJob struct {
 	kind  jobKind
 	plans []BlockTransferPlan
 	owner jobOwner
+	where string        // the endpoint, for its errors
 	conn  *conn.Conn    // the connection it runs on; nil if refused at once
 	done  chan struct{} // closed when the job ends
 
@@ -123,8 +124,9 @@ type TransferJob struct {
 
 // newJob makes a job of plans, which it keeps: the caller must not change
 // them afterwards.
-func newJob(kind jobKind, plans []BlockTransferPlan, owner jobOwner) *TransferJob {
+func newJob(kind jobKind, plans []BlockTransferPlan, owner jobOwner, where string) *TransferJob {
 	return &TransferJob{
+		where:  where,
 		kind:   kind,
 		plans:  plans, // the job's own: Store and Load clone the caller's
 		owner:  owner,
@@ -262,7 +264,7 @@ func (j *TransferJob) Err() error {
 // failureLocked builds a FAILED job's error from its key errors, merging
 // those of the same text.
 func (j *TransferJob) failureLocked() error {
-	e := &jobError{kind: j.kind, keys: len(j.plans)}
+	e := &jobError{kind: j.kind, where: j.where, keys: len(j.plans)}
 	index := map[string]int{}
 	for _, err := range j.errs {
 		if err == nil {
@@ -531,7 +533,7 @@ func (j *TransferJob) waitEnded(ctx context.Context) error {
 	if j.failQueued(fmt.Errorf("the wait for it ended while it was queued: %w", ctx.Err())) || j.ended() {
 		return j.Err()
 	}
-	return fmt.Errorf("%w: %s of %s still running: %w", ErrBuffersInUse, j.kind, plural(len(j.plans), "key"), ctx.Err())
+	return fmt.Errorf("umbp: %s of %s at %s still running: %w: %w", j.kind, plural(len(j.plans), "key"), j.where, ErrBuffersInUse, ctx.Err())
 }
 
 // wait waits for the job to end, at most until its deadline once it runs
@@ -598,6 +600,6 @@ func (j *TransferJob) wait(ctx context.Context, queuedFor time.Duration) error {
 			case <-time.After(streamWaitGrace):
 			}
 		}
-		return fmt.Errorf("%w: %s of %s is still running past its deadline", ErrBuffersInUse, j.kind, plural(len(j.plans), "key"))
+		return fmt.Errorf("umbp: %s of %s at %s is still running past its deadline: %w", j.kind, plural(len(j.plans), "key"), j.where, ErrBuffersInUse)
 	}
 }

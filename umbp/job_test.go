@@ -17,7 +17,7 @@ func (o *nopOwner) jobEnded(j *TransferJob) {}
 // A job that starts just as the wait for a queued job runs out is waited
 // for until its own deadline, not reported blocked at once.
 func TestWaitStartedAsQueuedWaitEnds(t *testing.T) {
-	j := newJob(kindStore, []BlockTransferPlan{{Key: "k"}}, &nopOwner{})
+	j := newJob(kindStore, []BlockTransferPlan{{Key: "k"}}, &nopOwner{}, "unix:///test.grpc.sock")
 	if _, ok := j.begin(time.Hour, false); !ok {
 		t.Fatal("begin failed")
 	}
@@ -36,7 +36,7 @@ func TestWaitStartedAsQueuedWaitEnds(t *testing.T) {
 // follows a job into and out of phaseBlocked.
 func TestJobPhases(t *testing.T) {
 	o := &nopOwner{}
-	j := newJob(kindLoad, []BlockTransferPlan{{Key: "a"}, {Key: "b"}}, o)
+	j := newJob(kindLoad, []BlockTransferPlan{{Key: "a"}, {Key: "b"}}, o, "unix:///test.grpc.sock")
 	if ph, _ := j.state(); ph != phaseQueued {
 		t.Fatalf("new job in phase %d", ph)
 	}
@@ -61,7 +61,7 @@ func TestJobPhases(t *testing.T) {
 		t.Fatalf("phase %d, %s, %v after every outcome", ph, j.Status(), j.Err())
 	}
 
-	q := newJob(kindStore, []BlockTransferPlan{{Key: "q"}}, o)
+	q := newJob(kindStore, []BlockTransferPlan{{Key: "q"}}, o, "unix:///test.grpc.sock")
 	dropped := false
 	q.submit(nil, func() { dropped = true })
 	if !q.cancelQueued("preempted") || !dropped || q.Status() != JobCancelled || !errors.Is(q.Err(), ErrCancelled) {
@@ -76,7 +76,7 @@ func TestJobPhases(t *testing.T) {
 // a queue bound later.
 func TestWaitOfStartedJobEndsAtItsDeadline(t *testing.T) {
 	o := &nopOwner{}
-	j := newJob(kindLoad, []BlockTransferPlan{{Key: "k"}}, o)
+	j := newJob(kindLoad, []BlockTransferPlan{{Key: "k"}}, o, "unix:///test.grpc.sock")
 	if _, ok := j.begin(50*time.Millisecond, false); !ok {
 		t.Fatal("begin failed")
 	}
@@ -107,7 +107,7 @@ func waitsUntilBlocked(t *testing.T, j *TransferJob, o *nopOwner, queuedFor time
 // waited for until its own deadline: the wait does not hang on it.
 func TestWaitForJobStartingAsItIsWithdrawn(t *testing.T) {
 	o := &nopOwner{}
-	j := newJob(kindLoad, []BlockTransferPlan{{Key: "k"}}, o)
+	j := newJob(kindLoad, []BlockTransferPlan{{Key: "k"}}, o, "unix:///test.grpc.sock")
 	testHookQueuedWaitRanOut = func(j *TransferJob) {
 		if _, ok := j.begin(50*time.Millisecond, false); !ok {
 			t.Error("begin failed")
@@ -121,7 +121,7 @@ func TestWaitForJobStartingAsItIsWithdrawn(t *testing.T) {
 // connection was replaced, is not sent: streamReady says why.
 func TestStreamReadyLateOrReplaced(t *testing.T) {
 	o := &nopOwner{}
-	late := newJob(kindStore, []BlockTransferPlan{{Key: "late"}}, o)
+	late := newJob(kindStore, []BlockTransferPlan{{Key: "late"}}, o, "unix:///test.grpc.sock")
 	if _, ok := late.begin(-time.Second, true); !ok {
 		t.Fatal("begin failed")
 	}
@@ -134,7 +134,7 @@ func TestStreamReadyLateOrReplaced(t *testing.T) {
 	}
 	late.failRest(nil)
 
-	moved := newJob(kindStore, []BlockTransferPlan{{Key: "moved"}}, o)
+	moved := newJob(kindStore, []BlockTransferPlan{{Key: "moved"}}, o, "unix:///test.grpc.sock")
 	if _, ok := moved.begin(time.Hour, true); !ok {
 		t.Fatal("begin failed")
 	}
@@ -144,7 +144,7 @@ func TestStreamReadyLateOrReplaced(t *testing.T) {
 	}
 	moved.failRest(nil)
 
-	ok := newJob(kindStore, []BlockTransferPlan{{Key: "ok"}}, o)
+	ok := newJob(kindStore, []BlockTransferPlan{{Key: "ok"}}, o, "unix:///test.grpc.sock")
 	if _, ok := ok.begin(time.Hour, true); !ok {
 		t.Fatal("begin failed")
 	}
@@ -162,8 +162,8 @@ func TestStreamReadyLateOrReplaced(t *testing.T) {
 // new server.
 func TestReplacedFailsQueuedAndDetachesRunning(t *testing.T) {
 	w := &WorkerHandle{inflight: map[*TransferJob]struct{}{}, timeout: time.Second}
-	queued := newJob(kindStore, []BlockTransferPlan{{Key: "q"}}, w)
-	running := newJob(kindLoad, []BlockTransferPlan{{Key: "r"}}, w)
+	queued := newJob(kindStore, []BlockTransferPlan{{Key: "q"}}, w, "unix:///test.grpc.sock")
+	running := newJob(kindLoad, []BlockTransferPlan{{Key: "r"}}, w, "unix:///test.grpc.sock")
 	queued.submit(nil, nil)
 	running.submit(nil, nil)
 	w.inflight[queued], w.inflight[running] = struct{}{}, struct{}{}

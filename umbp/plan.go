@@ -12,7 +12,7 @@ import (
 // ErrInvalidPlan is matched (with errors.Is) by every error that reports a
 // malformed [BlockTransferPlan] or [BlockLoadBatch], and by [LayoutPlanner]
 // errors for a key, group or block it cannot plan.
-var ErrInvalidPlan = errors.New("umbp: invalid transfer plan")
+var ErrInvalidPlan = errors.New("invalid transfer plan")
 
 // KVRange is one contiguous piece of a block's object: Length bytes that
 // live at BaseAddress in this process (host or GPU memory) and occupy
@@ -80,7 +80,11 @@ func (p BlockTransferPlan) ObjectSize() uint64 {
 //
 // Errors match [ErrInvalidPlan] and name the key and the offending range by
 // its index in p.Ranges.
-func (p BlockTransferPlan) Validate() error {
+func (p BlockTransferPlan) Validate() error { return public(p.validate()) }
+
+// validate is Validate without the package's prefix, for errors that
+// become part of another (a key's, in a job's error).
+func (p BlockTransferPlan) validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: key %q: %s", ErrInvalidPlan, p.Key, fmt.Sprintf(format, args...))
 	}
@@ -272,6 +276,12 @@ func (p *LayoutPlanner) RangesPerBlock(group int) int {
 // have, and a block outside [0, NumBlocks(group)) are errors matching
 // [ErrInvalidPlan].
 func (p *LayoutPlanner) PlanForBlock(key string, group, blockID int) (BlockTransferPlan, error) {
+	bp, err := p.planForBlock(key, group, blockID)
+	return bp, public(err)
+}
+
+// planForBlock is PlanForBlock without the package's prefix.
+func (p *LayoutPlanner) planForBlock(key string, group, blockID int) (BlockTransferPlan, error) {
 	gp, err := p.check(key, group, blockID)
 	if err != nil {
 		return BlockTransferPlan{}, err
@@ -351,7 +361,9 @@ func (b BlockLoadBatch) RequestID(i int) string {
 // Validate reports whether the columns have consistent lengths and every
 // row has a non-empty key and non-negative block and group IDs. Errors
 // match [ErrInvalidPlan] and name the column or row.
-func (b BlockLoadBatch) Validate() error {
+func (b BlockLoadBatch) Validate() error { return public(b.validate()) }
+
+func (b BlockLoadBatch) validate() error {
 	n := len(b.Keys)
 	switch {
 	case len(b.BlockIDs) != n:
@@ -386,7 +398,7 @@ func (b BlockLoadBatch) Plans(planner *LayoutPlanner) ([]BlockTransferPlan, erro
 	plans, bad := b.planRows(planner)
 	for i, err := range bad {
 		if err != nil {
-			return nil, fmt.Errorf("load batch row %d: %w", i, err)
+			return nil, fmt.Errorf("umbp: load batch row %d: %w", i, err)
 		}
 	}
 	return plans, nil

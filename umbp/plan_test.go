@@ -315,7 +315,7 @@ func TestBlockLoadBatchErrors(t *testing.T) {
 		{"empty key", BlockLoadBatch{Keys: []string{"a", ""}, BlockIDs: []int{0, 0}, GroupIDs: []int{0, 0}}, "row 1: key is empty"},
 		{"negative block", BlockLoadBatch{Keys: []string{"a"}, BlockIDs: []int{-1}, GroupIDs: []int{0}}, `row 0 (key "a"): BlockID -1`},
 		{"negative group", BlockLoadBatch{Keys: []string{"a"}, BlockIDs: []int{0}, GroupIDs: []int{-4}}, `row 0 (key "a"): GroupID -4`},
-		{"missing group", BlockLoadBatch{Keys: []string{"a", "b"}, BlockIDs: []int{0, 0}, GroupIDs: []int{0, 2}}, `load batch row 1: umbp: invalid transfer plan: key "b": group 2`},
+		{"missing group", BlockLoadBatch{Keys: []string{"a", "b"}, BlockIDs: []int{0, 0}, GroupIDs: []int{0, 2}}, `umbp: load batch row 1: invalid transfer plan: key "b": group 2`},
 		{"block out of range", BlockLoadBatch{Keys: []string{"a"}, BlockIDs: []int{8}, GroupIDs: []int{0}}, "block 8 of group 0 outside [0, 8)"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

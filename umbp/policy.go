@@ -44,6 +44,11 @@ const (
 	streamWaitGrace = time.Second
 )
 
+// Attaching: the connection bounds its wait for the server by
+// StartupTimeout and says so; dialGrace later, the handle's own bound only
+// backs that up.
+const dialGrace = time.Second
+
 // Reconnecting: a handle looks at its server's socket every
 // linkCheckInterval; a failed re-attach is retried after a pause that
 // doubles from linkCheckInterval up to reconnectBackoffMax. Each dial of a

@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"time"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
 	"github.com/umbp-go/umbp-go/internal/fdpass"
@@ -52,7 +49,7 @@ func (r *StandaloneRuntime) Config() Config {
 func (r *StandaloneRuntime) dial(ctx context.Context) (*conn.Conn, error) {
 	// The connection bounds its wait by StartupTimeout and says so; this
 	// bound, a little later, only backs it up.
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.StartupTimeout+time.Second)
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.StartupTimeout+dialGrace)
 	defer cancel()
 	c, err := conn.Dial(ctx, conn.Options{
 		Endpoint:       r.cfg.Endpoint,
@@ -64,16 +61,11 @@ func (r *StandaloneRuntime) dial(ctx context.Context) (*conn.Conn, error) {
 		TrustedUIDs:    r.cfg.TrustedUIDs,
 		StatsHandler:   r.cfg.StatsHandler,
 	})
-	if errors.Is(err, conn.ErrUntrustedServer) {
-		return nil, fmt.Errorf("refusing the UMBP standalone server at %s: %w", r.cfg.Endpoint, err)
+	if errors.Is(err, ErrUntrustedServer) {
+		return nil, fmt.Errorf("umbp: refusing the UMBP standalone server at %s: %w", r.cfg.Endpoint, err)
 	}
 	if err != nil {
-		if grpcPath, _, perr := fdpass.SocketPaths(r.cfg.Endpoint); perr == nil {
-			if _, serr := os.Stat(grpcPath); errors.Is(serr, fs.ErrNotExist) {
-				return nil, fmt.Errorf("cannot attach to the UMBP standalone server at %s; start umbp_standalone_server on this host first: %w", r.cfg.Endpoint, err)
-			}
-		}
-		return nil, fmt.Errorf("cannot attach to the UMBP standalone server at %s: %w", r.cfg.Endpoint, err)
+		return nil, fmt.Errorf("umbp: cannot attach to the UMBP standalone server at %s: %w", r.cfg.Endpoint, err)
 	}
 	return c, nil
 }

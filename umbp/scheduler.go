@@ -298,7 +298,7 @@ func (h *SchedulerHandle) Clear(ctx context.Context) error {
 		h.logFailure("clear", err)
 		return fmt.Errorf("umbp: clear the pool at %s: %w", h.address, err)
 	}
-	h.log.Warn("cleared the UMBP standalone pool; this removes KV for every engine attached to it", "endpoint", h.address)
+	h.log.Info("cleared the UMBP standalone pool; this removes KV for every engine attached to it", "endpoint", h.address)
 	return nil
 }
 

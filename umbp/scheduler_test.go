@@ -205,7 +205,7 @@ func TestNewSchedulerHandleUnreachable(t *testing.T) {
 	rt := newRuntime(t, cfg)
 	start := time.Now()
 	_, err := rt.NewSchedulerHandle(context.Background(), "test", umbp.RankTopology{}, nil)
-	if err == nil || !strings.Contains(err.Error(), "cannot attach to the UMBP standalone server at unix://"+ep+"; start umbp_standalone_server on this host first") {
+	if err == nil || !strings.Contains(err.Error(), "umbp: cannot attach to the UMBP standalone server at unix://"+ep+": server unavailable: no socket file there; start umbp_standalone_server on this host first") {
 		t.Fatalf("err = %v", err)
 	}
 	if el := time.Since(start); el > cfg.StartupTimeout+margin {

@@ -39,7 +39,7 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 	for _, opt := range opts {
 		opt(&o)
 	}
-	job := newJob(kind, plans, w)
+	job := newJob(kind, plans, w, w.address)
 	for i, err := range bad {
 		if err != nil {
 			job.setOutcome(i, notAttempted(err))
@@ -146,7 +146,7 @@ func (w *WorkerHandle) resolvePlansLocked(job *TransferJob, ranged bool) ([]item
 		if job.hasOutcome(i) { // failed in planning
 			continue
 		}
-		if err := p.Validate(); err != nil {
+		if err := p.validate(); err != nil {
 			job.setOutcome(i, notAttempted(err))
 			continue
 		}

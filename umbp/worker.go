@@ -113,7 +113,7 @@ func (r *StandaloneRuntime) NewWorkerHandle(ctx context.Context, namespace strin
 	}
 	w.link = l
 	c := l.conn()
-	r.cfg.Logger.Info("UMBP standalone worker attached", "endpoint", r.cfg.Endpoint, "client_id", c.ClientID(), "ranged_io", c.Capabilities().RangedIO)
+	r.cfg.Logger.Debug("UMBP standalone worker attached", "endpoint", r.cfg.Endpoint, "client_id", c.ClientID(), "ranged_io", c.Capabilities().RangedIO)
 	return w, nil
 }
 
@@ -201,7 +201,7 @@ func (w *WorkerHandle) Stats() Stats {
 // Registration is bounded by Timeout and by ctx.
 func (w *WorkerHandle) RegisterBuffers(ctx context.Context, buffers map[string]Buffer) error {
 	if w.isClosed() {
-		return ErrClosed
+		return fmt.Errorf("umbp: register buffers at %s: %w", w.address, ErrClosed)
 	}
 	ctx, cancel := context.WithTimeout(ctx, w.timeout)
 	defer cancel()
@@ -213,11 +213,18 @@ func (w *WorkerHandle) RegisterBuffers(ctx context.Context, buffers map[string]B
 	var errs []error
 	for _, name := range names {
 		if err := w.registerBuffer(ctx, name, buffers[name]); err != nil {
-			errs = append(errs, fmt.Errorf("umbp: register buffer %q: %w", name, err))
+			errs = append(errs, fmt.Errorf("buffer %q: %w", name, err))
 		}
 	}
 	w.prepareStaging(ctx)
-	return errors.Join(errs...)
+	switch len(errs) {
+	case 0:
+		return nil
+	case 1:
+		return fmt.Errorf("umbp: register buffers at %s: %w", w.address, errs[0])
+	}
+	// One line a failed buffer.
+	return fmt.Errorf("umbp: register buffers at %s: %d of %d failed:\n%w", w.address, len(errs), len(names), errors.Join(errs...))
 }
 
 func (w *WorkerHandle) registerBuffer(ctx context.Context, name string, b Buffer) error {
@@ -385,7 +392,7 @@ func (w *WorkerHandle) StoreBlocks(plans []BlockTransferPlan, opts ...TransferOp
 			err = fmt.Errorf("%w: key %q: StoreBlocks takes plans without ranges (the layout supplies them): use Store", ErrInvalidPlan, p.Key)
 		} else {
 			var bp BlockTransferPlan
-			if bp, err = w.planner.PlanForBlock(p.Key, p.GroupID, p.BlockID); err == nil {
+			if bp, err = w.planner.planForBlock(p.Key, p.GroupID, p.BlockID); err == nil {
 				bp.RequestID, bp.BlockHash, bp.TokenIDs = p.RequestID, p.BlockHash, p.TokenIDs
 				built[i] = bp
 				continue
@@ -472,9 +479,9 @@ func (w *WorkerHandle) Publish(job *TransferJob) error {
 	case JobCompleted:
 		return nil
 	case JobRunning:
-		return fmt.Errorf("umbp: cannot publish a store that is still running: %w", ErrBuffersInUse)
+		return fmt.Errorf("umbp: cannot publish a store to %s that is still running: %w", w.address, ErrBuffersInUse)
 	default:
-		return fmt.Errorf("umbp: cannot publish a %s store: %w", s, job.Err())
+		return fmt.Errorf("%w (so it cannot be published)", job.Err())
 	}
 }
 
@@ -653,7 +660,7 @@ func (w *WorkerHandle) abandon(reason string) ([]*memRegion, error) {
 	}
 	w.log.Warn("UMBP standalone worker closed with transfers in flight; its buffers must not be freed until they end",
 		"endpoint", w.address, "reason", reason, "buffers", names)
-	return regions, fmt.Errorf("%w: %s; buffers kept registered until it ends: %s", ErrBuffersAbandoned, reason, strings.Join(names, ", "))
+	return regions, fmt.Errorf("umbp: close the worker handle of %s: %w: %s; buffers kept registered until it ends: %s", w.address, ErrBuffersAbandoned, reason, strings.Join(names, ", "))
 }
 
 // reclaim gives back abandoned regions once nothing of the server's uses

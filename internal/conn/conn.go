@@ -29,6 +29,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -122,6 +123,9 @@ type Conn struct {
 	dialFail atomic.Pointer[context.CancelCauseFunc]
 	// lastRefusal is when a refused connection was last logged (unix ns).
 	lastRefusal atomic.Int64
+	// handshake is how far the latest dial got until a server first
+	// answered: what Dial's error says of a server that never did.
+	handshake atomic.Int32
 
 	cc  *grpc.ClientConn
 	raw umbppb.UMBPStandaloneClient
@@ -146,7 +150,7 @@ type Conn struct {
 func Dial(ctx context.Context, opts Options) (*Conn, error) {
 	grpcPath, fdPath, err := fdpass.SocketPaths(opts.Endpoint)
 	if err != nil {
-		return nil, fmt.Errorf("umbp: dial: %w: %w", ErrInvalidArgument, err)
+		return nil, fmt.Errorf("dial: %w: %w", ErrInvalidArgument, err)
 	}
 	if opts.StartupTimeout < 0 {
 		return nil, invalid("dial", "negative startup timeout %v", opts.StartupTimeout)
@@ -162,7 +166,7 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 	}
 	// A socket already there is judged before anything connects to it.
 	if err := tr.checkFilesIfPresent(grpcPath, fdPath); err != nil {
-		return nil, fmt.Errorf("umbp: dial %s: %w", opts.Endpoint, err)
+		return nil, err
 	}
 	startup := opts.StartupTimeout
 	if startup == 0 {
@@ -220,7 +224,7 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 		withStatsHandler(opts.StatsHandler),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("umbp: dial %s: %w", opts.Endpoint, err)
+		return nil, fmt.Errorf("dial: %w", err)
 	}
 	c.cc = cc
 	c.raw = umbppb.NewUMBPStandaloneClient(cc)
@@ -238,14 +242,14 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 	}
 	if errors.Is(cause, ErrUntrustedServer) {
 		_ = cc.Close()
-		return nil, fmt.Errorf("umbp: dial %s: %w", opts.Endpoint, cause)
+		return nil, cause
 	}
 	if err != nil {
 		_ = cc.Close()
 		return nil, err
 	}
 	c.setCaps(caps)
-	c.log.Debug("umbp: connected", "ranged_io", caps.RangedIO, "mode", caps.Mode.String())
+	c.log.Debug("connected to the UMBP server", "ranged_io", caps.RangedIO, "mode", caps.Mode.String())
 	return c, nil
 }
 
@@ -257,6 +261,14 @@ func (c *Conn) dialGRPC(ctx context.Context, _ string) (net.Conn, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unix", c.grpcPath)
 	if err != nil {
+		switch {
+		case errors.Is(err, syscall.ENOENT):
+			c.handshake.Store(noSocket)
+		case errors.Is(err, syscall.ECONNREFUSED):
+			c.handshake.Store(noListener)
+		case errors.Is(err, syscall.EACCES):
+			c.handshake.Store(noAccess)
+		}
 		return nil, err
 	}
 	if err := c.trust.checkConn(c.grpcPath, nc.(*net.UnixConn)); err != nil {
@@ -268,7 +280,14 @@ func (c *Conn) dialGRPC(ctx context.Context, _ string) (net.Conn, error) {
 	}
 	c.dials.Add(1)
 	c.peers.add(nc.(*net.UnixConn))
-	return nc, nil
+	switch c.handshake.Load() {
+	case answered:
+		return nc, nil
+	case hungUp: // the socket hangs up on every connection: it stays so
+	default:
+		c.handshake.Store(silent)
+	}
+	return &firstRead{Conn: nc, c: c}, nil
 }
 
 // Transports returns how many transports the connection has opened. gRPC
@@ -292,7 +311,7 @@ func (c *Conn) refused(err error) {
 	now := time.Now().UnixNano()
 	last := c.lastRefusal.Load()
 	if (last == 0 || now-last >= int64(refusalLogEvery)) && c.lastRefusal.CompareAndSwap(last, now) {
-		c.log.Warn("umbp: refusing a connection to an untrusted server", "err", err)
+		c.log.Warn("refusing a connection to an untrusted UMBP server", "err", err)
 	}
 }
 
@@ -326,7 +345,10 @@ func (c *Conn) waitReady(ctx context.Context, startup time.Duration) (Capabiliti
 			}
 			return capsOf(resp), nil
 		}
-		c.log.Debug("umbp: waiting for the server", "attempt", attempt, "err", last)
+		c.log.Debug("waiting for the UMBP server", "attempt", attempt, "err", last)
+		if attempt == 1 && c.handshake.Load() == noSocket {
+			c.log.Info("waiting for the UMBP server's socket to appear", "socket", c.grpcPath, "for", startup)
+		}
 		if sctx.Err() != nil {
 			break
 		}
@@ -341,10 +363,11 @@ func (c *Conn) waitReady(ctx context.Context, startup time.Duration) (Capabiliti
 		}
 		pause = min(2*pause, 250*time.Millisecond)
 	}
+	what := c.diagnose(last, startup)
 	if cerr := ctx.Err(); cerr != nil {
-		return Capabilities{}, fmt.Errorf("umbp: %s: %w: %w (last attempt: %v)", c.endpoint, ErrUnavailable, cerr, last)
+		return Capabilities{}, fmt.Errorf("%w: %s: %w", ErrUnavailable, what, cerr)
 	}
-	return Capabilities{}, fmt.Errorf("umbp: %s: %w: not ready within %v (last attempt: %v)", c.endpoint, ErrUnavailable, startup, last)
+	return Capabilities{}, fmt.Errorf("%w: %s", ErrUnavailable, what)
 }
 
 func capsOf(resp *umbppb.PingResponse) Capabilities {
@@ -418,7 +441,7 @@ func (c *Conn) Close() error {
 	c.closeOnce.Do(func() {
 		c.closed.Store(true)
 		if err := c.cc.Close(); err != nil {
-			c.closeErr = fmt.Errorf("umbp: close %s: %w", c.endpoint, err)
+			c.closeErr = fmt.Errorf("close: %w", err)
 		}
 		c.peers.close()
 	})
@@ -428,7 +451,7 @@ func (c *Conn) Close() error {
 // usable returns ErrClosed (and ErrNotSent) after Close.
 func (c *Conn) usable(op string) error {
 	if c.closed.Load() {
-		return fmt.Errorf("umbp: %s: %w (%w)", op, ErrClosed, ErrNotSent)
+		return fmt.Errorf("%s: %w (%w)", op, ErrClosed, ErrNotSent)
 	}
 	return nil
 }

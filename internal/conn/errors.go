@@ -10,33 +10,36 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/umbp-go/umbp-go/internal/errdefs"
 	"github.com/umbp-go/umbp-go/internal/fdpass"
 )
 
 // Every error a Conn returns wraps at most one of these sentinels (plus, for
 // RPC failures, the gRPC status, reachable with status.FromError, and the
-// caller's context error when the context ended).
+// caller's context error when the context ended). Errors name the operation
+// and what happened, never the endpoint nor the package: the caller, which
+// knows which server it asked, says that once.
 var (
 	// ErrUnavailable means the server could not be reached: the transport
 	// failed (gRPC code Unavailable), the connection was refused, or the
 	// server never became ready at Dial.
-	ErrUnavailable = errors.New("umbp server unavailable")
+	ErrUnavailable = errdefs.ErrUnavailable
 	// ErrUnimplemented means the server does not know the method: a v1
 	// server answering a v2-only call such as a ranged batch.
-	ErrUnimplemented = errors.New("method not implemented by the umbp server")
+	ErrUnimplemented = errors.New("method not implemented by the server")
 	// ErrRefused means the server answered ok=false with a reason, or
 	// rejected an fd handoff. RefusedError carries the reason.
-	ErrRefused = errors.New("refused by the umbp server")
+	ErrRefused = errdefs.ErrRefused
 	// ErrBadReply means the server's reply does not fit the request, such
 	// as a batch reply with the wrong number of results.
-	ErrBadReply = errors.New("bad reply from the umbp server")
+	ErrBadReply = errors.New("bad reply from the server")
 	// ErrInvalidArgument means the request was refused locally, before
 	// anything was sent.
 	ErrInvalidArgument = errors.New("invalid argument")
 	// ErrClosed means the Conn was closed. A call made after Close also
 	// matches ErrNotSent; one cut off by Close matches ErrUnavailable: its
 	// request may have reached the server.
-	ErrClosed = errors.New("umbp: handle is closed")
+	ErrClosed = errdefs.ErrClosed
 	// ErrNotSent means the request was refused before it was sent (an
 	// invalid argument, a closed Conn): the server never saw it, nor used
 	// the memory it names.
@@ -44,14 +47,14 @@ var (
 	// ErrPeerUnknown means a server process behind the connection could
 	// not be pinned (another pid namespace on a kernel without
 	// SO_PEERPIDFD), so its exit cannot be observed.
-	ErrPeerUnknown = errors.New("umbp server process cannot be identified")
+	ErrPeerUnknown = errors.New("server process cannot be identified")
 	// ErrUntrustedServer means the server failed the trust check made
 	// before any memory is shared with it: a socket file not owned by a
 	// trusted uid, writable by others or not a socket, or a server process
 	// running as an untrusted uid (see Options.TrustedUIDs). The error
 	// says which. After Dial, a gRPC connection refused this way makes the
 	// server look unavailable (ErrUnavailable); the refusal is logged.
-	ErrUntrustedServer = errors.New("untrusted umbp server")
+	ErrUntrustedServer = errdefs.ErrUntrustedServer
 )
 
 // RefusedError is the server's ok=false answer with its reason. It matches
@@ -71,11 +74,11 @@ type RefusedError struct {
 func (e *RefusedError) Error() string {
 	switch {
 	case e.Reason != "":
-		return fmt.Sprintf("umbp: %s refused by the server: %s", e.Op, e.Reason)
+		return fmt.Sprintf("%s refused by the server: %s", e.Op, e.Reason)
 	case e.Err != nil:
-		return fmt.Sprintf("umbp: %s refused by the server: %v", e.Op, e.Err)
+		return fmt.Sprintf("%s refused by the server: %v", e.Op, e.Err)
 	}
-	return fmt.Sprintf("umbp: %s refused by the server", e.Op)
+	return fmt.Sprintf("%s refused by the server", e.Op)
 }
 
 // Is reports whether target is ErrRefused.
@@ -89,36 +92,36 @@ func refused(op, reason string) error { return &RefusedError{Op: op, Reason: rea
 
 // invalid returns an error wrapping ErrInvalidArgument.
 func invalid(op, format string, args ...any) error {
-	return fmt.Errorf("umbp: %s: %w (%w): %s", op, ErrInvalidArgument, ErrNotSent, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%s: %w (%w): %s", op, ErrInvalidArgument, ErrNotSent, fmt.Sprintf(format, args...))
 }
 
 // badReply returns an error wrapping ErrBadReply.
 func badReply(op, format string, args ...any) error {
-	return fmt.Errorf("umbp: %s: %w: %s", op, ErrBadReply, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%s: %w: %s", op, ErrBadReply, fmt.Sprintf(format, args...))
 }
 
 // rpcError classifies the error of an RPC made with ctx. The gRPC status stays
 // reachable through the chain.
 func (c *Conn) rpcError(ctx context.Context, op string, err error) error {
 	if c.closed.Load() { // cut off: the server may have the request
-		return fmt.Errorf("umbp: %s: %w (%w): %w", op, ErrClosed, ErrUnavailable, err)
+		return fmt.Errorf("%s: %w (%w): %w", op, ErrClosed, ErrUnavailable, err)
 	}
 	if cerr := ctx.Err(); cerr != nil {
-		return fmt.Errorf("umbp: %s: %w: %w", op, cerr, err)
+		return fmt.Errorf("%s: %w: %w", op, cerr, err)
 	}
 	switch status.Code(err) {
 	case codes.DeadlineExceeded:
 		// No wrapper sets a deadline, so one that passed is the caller's,
 		// even when the server's copy of it fired a moment earlier.
 		if _, ok := ctx.Deadline(); ok {
-			return fmt.Errorf("umbp: %s: %w: %w", op, context.DeadlineExceeded, err)
+			return fmt.Errorf("%s: %w: %w", op, context.DeadlineExceeded, err)
 		}
 	case codes.Unavailable:
-		return fmt.Errorf("umbp: %s on %s: %w: %w", op, c.endpoint, ErrUnavailable, err)
+		return fmt.Errorf("%s: %w: %w", op, ErrUnavailable, err)
 	case codes.Unimplemented:
-		return fmt.Errorf("umbp: %s on %s: %w: %w", op, c.endpoint, ErrUnimplemented, err)
+		return fmt.Errorf("%s: %w: %w", op, ErrUnimplemented, err)
 	}
-	return fmt.Errorf("umbp: %s on %s: %w", op, c.endpoint, err)
+	return fmt.Errorf("%s: %w", op, err)
 }
 
 // handoffError classifies an fd-handoff failure.
@@ -126,21 +129,21 @@ func (c *Conn) handoffError(ctx context.Context, err error) error {
 	const op = "fd handoff"
 	switch {
 	case c.closed.Load(): // cut off: the server may have the descriptor
-		return fmt.Errorf("umbp: %s: %w (%w): %w", op, ErrClosed, ErrUnavailable, err)
+		return fmt.Errorf("%s: %w (%w): %w", op, ErrClosed, ErrUnavailable, err)
 	case errors.Is(err, ErrUntrustedServer):
-		return fmt.Errorf("umbp: %s: %w", op, err)
+		return fmt.Errorf("%s: %w", op, err)
 	case errors.Is(err, fdpass.ErrRejected):
 		return &RefusedError{Op: op, Err: err}
 	case errors.Is(err, fdpass.ErrInvalidMessage):
-		return fmt.Errorf("umbp: %s: %w (%w): %w", op, ErrInvalidArgument, ErrNotSent, err)
+		return fmt.Errorf("%s: %w (%w): %w", op, ErrInvalidArgument, ErrNotSent, err)
 	case ctx.Err() != nil:
-		return fmt.Errorf("umbp: %s: %w", op, err) // fdpass already names the context error
+		return fmt.Errorf("%s: %w", op, err) // fdpass already names the context error
 	case errors.Is(err, fdpass.ErrBadReply):
-		return fmt.Errorf("umbp: %s: %w: %w", op, ErrBadReply, err)
+		return fmt.Errorf("%s: %w: %w", op, ErrBadReply, err)
 	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ENOENT),
 		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
 		errors.Is(err, os.ErrDeadlineExceeded):
-		return fmt.Errorf("umbp: %s: %w: %w", op, ErrUnavailable, err)
+		return fmt.Errorf("%s: %w: %w", op, ErrUnavailable, err)
 	}
-	return fmt.Errorf("umbp: %s: %w", op, err)
+	return fmt.Errorf("%s: %w", op, err)
 }

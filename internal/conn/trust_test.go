@@ -327,7 +327,7 @@ func TestDialRefusesWritableSocket(t *testing.T) {
 			if err == nil {
 				_ = c.Close()
 			}
-			wantUntrusted(t, "Dial", err, f.endpoint, path, "writable by others (mode 0666)")
+			wantUntrusted(t, "Dial", err, path, "writable by others (mode 0666)")
 			if errors.Is(err, ErrUnavailable) {
 				t.Fatalf("%v also wraps ErrUnavailable", err)
 			}
@@ -392,7 +392,7 @@ func TestDialRefusesForeignServer(t *testing.T) {
 	// refuses the connection, and Dial says so at once.
 	f.chownRoot(t)
 	start := time.Now()
-	wantUntrusted(t, "Dial, foreign peer", dial(), f.endpoint, fmt.Sprintf("peer process pid %d on socket %s runs as uid %d", f.pid, f.grpcPath, foreignUID))
+	wantUntrusted(t, "Dial, foreign peer", dial(), fmt.Sprintf("peer process pid %d on socket %s runs as uid %d", f.pid, f.grpcPath, foreignUID))
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("Dial took %v", d)
 	}

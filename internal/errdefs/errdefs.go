@@ -1,11 +1,25 @@
 // Package errdefs holds the error values that several of the module's
 // packages return, so that one value matches with errors.Is wherever an
-// error was made.
+// error was made. Package umbp exports them as its own; their texts carry no
+// "umbp:" prefix, since the public package adds that once, at its boundary.
 package errdefs
 
 import "errors"
 
-// ErrNotSupported means an operation needs something this host or server
-// lacks: a GPU runtime, a batched-copy entry point, a server with ranged
-// I/O. Errors wrap it with the reason ("hip: GPU runtime not supported: …").
-var ErrNotSupported = errors.New("not supported")
+var (
+	// ErrNotSupported means an operation needs something this host or
+	// server lacks: a GPU runtime, a batched-copy entry point, a server with
+	// ranged I/O. Errors wrap it with the reason ("hip: GPU runtime not
+	// supported: …").
+	ErrNotSupported = errors.New("not supported")
+	// ErrUnavailable means the server could not be reached, or went away
+	// under a call.
+	ErrUnavailable = errors.New("server unavailable")
+	// ErrRefused means the server answered but would not do what was asked.
+	ErrRefused = errors.New("refused by the server")
+	// ErrUntrustedServer means the server's sockets or process failed the
+	// identity check made before any memory is shared with it.
+	ErrUntrustedServer = errors.New("untrusted server")
+	// ErrClosed means the handle (or its connection) was closed.
+	ErrClosed = errors.New("handle is closed")
+)
