@@ -10,21 +10,8 @@ import "time"
 // as long as the pause still fits before the job's deadline.
 var storeRetryBackoff = []time.Duration{10 * time.Millisecond, 20 * time.Millisecond}
 
-// A job's ranged transfer goes to the server in parts of about partRanges
-// ranges or partBytes bytes, up to partsInFlight at a time, so that the
-// server copies one part while the next is encoded, sent and prepared. On an
-// H200 a job of 64 blocks of 128 layers of 32 KiB (256 MiB, cut by bytes)
-// moved at about 23 GB/s in one request and 41 to 43 GB/s in parts. Small
-// ranges are cut by count, and not finer: MORI's server copies one request
-// at a time under one lock (its copies within a request in parallel), so
-// parts of a few MiB only add requests (256 blocks of 32 ranges of 2 KiB
-// stored at 0.68–0.72 of MORI's own client in one request of 8192 ranges,
-// against 0.53–0.60 in parts of 1024; measured on one host, medians).
-const (
-	partRanges    = 8192
-	partBytes     = 32 << 20
-	partsInFlight = 4
-)
+// How a job's batches are cut into requests (by the message limit, and a
+// ranged job into parts) is the connection's: internal/conn/policy.go.
 
 // On a server without ranged I/O, multi-range plans are staged through
 // registered host buffers of at least stagingMin bytes, stagingChunk bytes

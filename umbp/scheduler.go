@@ -201,7 +201,8 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 	}
 	h.stats.lookups.Add(1)
 	hits, err := call(ctx, h, "BatchExists", func(ctx context.Context, c *conn.Conn) ([]bool, error) {
-		return c.BatchExists(ctx, ask, true) // ask holds sendable keys only
+		hits, errs := c.BatchExists(ctx, ask, true) // ask holds sendable keys only
+		return hits, conn.Joined(errs)
 	})
 	if err != nil {
 		h.logFailure("lookup", err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
@@ -17,15 +18,25 @@ import (
 
 // stagingPool hands out registered staging buffers, one per concurrent use.
 type stagingPool struct {
-	w     *WorkerHandle
+	reg     stagingRegistrar
+	timeout time.Duration // bounds a new buffer's registration
+
 	mu    sync.Mutex
 	free  []*HostBuffer
 	all   []*HostBuffer
 	count int
 }
 
+// stagingRegistrar registers a new staging buffer with the server of c, and
+// with every later server of the handle's, as one more region of the
+// handle; it refuses (as errReconnecting) when c is no longer the handle's
+// connection, and when the handle is closed.
+type stagingRegistrar interface {
+	registerStaging(ctx context.Context, c *conn.Conn, b *HostBuffer, name string) error
+}
+
 // get returns a registered staging buffer of at least size bytes; a new one
-// is registered within ctx and Timeout.
+// is registered within ctx and the pool's timeout.
 func (s *stagingPool) get(ctx context.Context, c *conn.Conn, size uint64) (*HostBuffer, error) {
 	s.mu.Lock()
 	for i, b := range s.free {
@@ -38,41 +49,22 @@ func (s *stagingPool) get(ctx context.Context, c *conn.Conn, size uint64) (*Host
 	s.count++
 	n := s.count
 	s.mu.Unlock()
-	if s.w.isClosed() {
-		return nil, ErrClosed
-	}
-	if cur, err := s.w.link.current(); err != nil || cur != c {
-		return nil, fmt.Errorf("staging buffer: %w", errReconnecting)
-	}
 
 	want := max(size, stagingMin)
 	b, err := NewHostBuffer(int(want))
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.w.timeout)
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	if err := b.acquire(); err != nil {
 		return nil, err
 	}
-	fail := func(err error) (*HostBuffer, error) {
+	if err := s.reg.registerStaging(ctx, c, b, fmt.Sprintf("staging-%d", n)); err != nil {
 		b.release()
 		_ = b.Close()
-		return nil, err
+		return nil, fmt.Errorf("staging buffer: %w", err)
 	}
-	if err := s.w.lockReg(ctx); err != nil {
-		return fail(err)
-	}
-	defer s.w.unlockReg()
-	// Registered with the current server only, and then re-registered with
-	// every later one: a transfer still on a replaced connection gets none.
-	if cur, err := s.w.link.current(); err != nil || cur != c {
-		return fail(fmt.Errorf("staging buffer: %w", errReconnecting))
-	}
-	if err := c.RegisterHost(ctx, b.fd, b.base(), b.mappedSize()); err != nil {
-		return fail(fmt.Errorf("register staging buffer: %w", err))
-	}
-	s.w.addRegion(&memRegion{names: []string{fmt.Sprintf("staging-%d", n)}, base: b.base(), size: b.mappedSize(), loc: LocationHost, host: b})
 	s.mu.Lock()
 	s.all = append(s.all, b)
 	s.mu.Unlock()
@@ -145,9 +137,9 @@ func (w *WorkerHandle) warmStaging(ctx context.Context, c *conn.Conn, b *HostBuf
 		return nil
 	}
 	// b is all zeros: it was just created.
-	stored, err := c.BatchPut(ctx, []string{warmUpKey}, []conn.Segment{{RegionBase: base, Size: warmUpSize}})
-	if err != nil {
-		return err
+	stored, errs := c.BatchPut(ctx, []string{warmUpKey}, []conn.Segment{{RegionBase: base, Size: warmUpSize}})
+	if errs != nil {
+		return errs[0]
 	}
 	if !stored[0] {
 		return fmt.Errorf("%w: the warm-up object was not stored", errWarmUpAnswered)
@@ -158,8 +150,8 @@ func (w *WorkerHandle) warmStaging(ctx context.Context, c *conn.Conn, b *HostBuf
 		keys[i] = warmUpKey
 		segs[i] = conn.Segment{RegionBase: base, Offset: uint64(i) * warmUpSize, Size: warmUpSize}
 	}
-	loaded, err := c.BatchGet(ctx, keys, segs)
-	if err != nil {
+	loaded, errs := c.BatchGet(ctx, keys, segs)
+	if err := conn.Joined(errs); err != nil {
 		return err
 	}
 	if slices.Contains(loaded, false) {
@@ -204,10 +196,11 @@ func hostBytes(addr uintptr, n uint64) []byte {
 	return unsafe.Slice((*byte)(p), n)
 }
 
-// staged moves the multi-range items at indexes multi through staging
-// buffers, chunk by chunk, recording each item's result and its chunk's error.
-func (w *WorkerHandle) staged(ctx context.Context, c *conn.Conn, kind jobKind, items []item, multi []int, results []bool, itemErrs []error) error {
-	var errs []error
+// move moves the multi-range items at indexes multi through staging
+// buffers, chunk by chunk, recording each item's result and, where its
+// chunk failed, its error: a chunk that got no staging buffer sent nothing,
+// and its items fail as not attempted.
+func (s *stagingPool) move(ctx context.Context, c *conn.Conn, kind jobKind, items []item, multi []int, results []bool, itemErrs *[]error) {
 	for start := 0; start < len(multi); {
 		end, total := start, uint64(0)
 		for end < len(multi) && (end == start || total+items[multi[end]].obj.Size <= stagingChunk) {
@@ -215,27 +208,29 @@ func (w *WorkerHandle) staged(ctx context.Context, c *conn.Conn, kind jobKind, i
 			end++
 		}
 		chunk := multi[start:end]
-		if err := w.stageChunk(ctx, c, kind, items, chunk, total, results); err != nil {
-			errs = append(errs, err)
+		buf, err := s.get(ctx, c, total)
+		if err != nil {
+			for _, k := range chunk {
+				setErr(itemErrs, len(items), k, notAttempted(err))
+			}
+		} else if errs := s.moveChunk(ctx, c, kind, buf, items, chunk, results); errs != nil {
 			for i, k := range chunk {
-				itemErrs[k] = conn.ErrFor(err, i)
+				if errs[i] != nil {
+					setErr(itemErrs, len(items), k, errs[i])
+				}
 			}
 		}
 		start = end
 	}
-	return errors.Join(errs...)
 }
 
-func (w *WorkerHandle) stageChunk(ctx context.Context, c *conn.Conn, kind jobKind, items []item, idx []int, total uint64, results []bool) error {
-	buf, err := w.staging.get(ctx, c, total)
-	if err != nil {
-		return fmt.Errorf("%w (%w)", err, conn.ErrNotSent) // nothing of the chunk went out
-	}
+// moveChunk moves the items at indexes idx through buf, in one BatchPut or
+// BatchGet, and gives buf back unless a request's transport failed (the
+// server may still be copying: such a buffer is never used again).
+func (s *stagingPool) moveChunk(ctx context.Context, c *conn.Conn, kind jobKind, buf *HostBuffer, items []item, idx []int, results []bool) (errs []error) {
 	defer func() {
-		// A transport that failed under the call may leave the server
-		// still copying: such a buffer is never used again.
-		if !errors.Is(err, conn.ErrUnavailable) {
-			w.staging.put(buf)
+		if !errors.Is(conn.Joined(errs), conn.ErrUnavailable) {
+			s.put(buf)
 		}
 	}()
 	stage := buf.mem
@@ -255,14 +250,13 @@ func (w *WorkerHandle) stageChunk(ctx context.Context, c *conn.Conn, kind jobKin
 	}
 	var got []bool
 	if kind == kindStore {
-		got, err = c.BatchPut(ctx, keys, segs)
+		got, errs = c.BatchPut(ctx, keys, segs)
 	} else {
-		got, err = c.BatchGet(ctx, keys, segs)
+		got, errs = c.BatchGet(ctx, keys, segs)
 	}
 	for i, k := range idx {
-		ok := i < len(got) && got[i]
-		results[k] = ok
-		if ok && kind == kindLoad {
+		results[k] = got[i]
+		if got[i] && kind == kindLoad {
 			obj := &items[k].obj
 			base := segs[i].Offset
 			for _, r := range obj.Ranges {
@@ -270,5 +264,5 @@ func (w *WorkerHandle) stageChunk(ctx context.Context, c *conn.Conn, kind jobKin
 			}
 		}
 	}
-	return err
+	return errs
 }

@@ -95,7 +95,7 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 	if err != nil {
 		return refuse(err)
 	}
-	tr := w.transportFor(c)
+	tr := w.transport(c)
 	items, slab := w.resolvePlansLocked(job, tr.ranged())
 	if len(items) == 0 {
 		if drop != nil {
@@ -251,7 +251,8 @@ func (w *WorkerHandle) run(job *TransferJob, tr transport, items []item, barrier
 		}
 	}
 	ctx := context.Background()
-	results, errs, err := tr.move(ctx, job.kind, items)
+	results, errs := tr.move(ctx, job.kind, items)
+	err := conn.Joined(errs)
 	if err != nil {
 		w.logFailure(job.kind.String(), err)
 		w.link.failed(err)
@@ -269,7 +270,11 @@ func (w *WorkerHandle) run(job *TransferJob, tr transport, items []item, barrier
 	// a lower tier it reads from the pool, not from the engine's memory.
 	settle := func() {
 		job.setOutcomes(len(items), func(k int) (int, error) {
-			return items[k].idx, keyError(job.kind, &items[k].obj, results[k], errs[k], lost)
+			var reqErr error
+			if errs != nil {
+				reqErr = errs[k]
+			}
+			return items[k].idx, keyError(job.kind, &items[k].obj, results[k], reqErr, lost)
 		})
 	}
 	if lost == nil && !errors.Is(err, conn.ErrUnavailable) {
@@ -348,12 +353,15 @@ func (w *WorkerHandle) retryStores(ctx context.Context, tr transport, items []it
 		}
 		time.Sleep(pause)
 		for _, k := range failed {
-			got, _, err := tr.move(ctx, kindStore, items[k:k+1])
-			if errors.Is(err, conn.ErrUnavailable) {
-				return err
+			got, gotErrs := tr.move(ctx, kindStore, items[k:k+1])
+			if gotErrs != nil && errors.Is(gotErrs[0], conn.ErrUnavailable) {
+				return gotErrs[0]
 			}
-			if err == nil && got[0] {
-				results[k], errs[k] = true, nil
+			if gotErrs == nil && got[0] {
+				results[k] = true
+				if errs != nil {
+					errs[k] = nil
+				}
 			}
 		}
 	}

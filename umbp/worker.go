@@ -49,6 +49,7 @@ type WorkerHandle struct {
 	regSem chan struct{}
 
 	mu      sync.Mutex
+	tr      transport         // the current connection's, made once for it
 	regions []*memRegion      // sorted by base
 	named   map[string]Buffer // each registered buffer, by name
 	closed  bool
@@ -105,7 +106,7 @@ func (r *StandaloneRuntime) NewWorkerHandle(ctx context.Context, namespace strin
 		return nil, err
 	}
 	w.pool = pool
-	w.staging = &stagingPool{w: w}
+	w.staging = &stagingPool{reg: w, timeout: w.timeout}
 	l, err := newLink(ctx, r, w.reregister, w.replaced)
 	if err != nil {
 		pool.Shutdown()
@@ -294,6 +295,28 @@ func (w *WorkerHandle) registerClaimed(ctx context.Context, name string, b Buffe
 		return err
 	}
 	w.addRegion(&memRegion{names: []string{name}, base: hb.base(), size: hb.mappedSize(), loc: LocationHost, host: hb})
+	return nil
+}
+
+// registerStaging registers the staging buffer b with c's server as one
+// more region, under the registration lock: with the current server only,
+// and then with every later one, so that a transfer still on a replaced
+// connection gets none.
+func (w *WorkerHandle) registerStaging(ctx context.Context, c *conn.Conn, b *HostBuffer, name string) error {
+	if err := w.lockReg(ctx); err != nil {
+		return err
+	}
+	defer w.unlockReg()
+	if w.isClosed() {
+		return ErrClosed
+	}
+	if cur, err := w.link.current(); err != nil || cur != c {
+		return errReconnecting
+	}
+	if err := c.RegisterHost(ctx, b.fd, b.base(), b.mappedSize()); err != nil {
+		return fmt.Errorf("register: %w", err)
+	}
+	w.addRegion(&memRegion{names: []string{name}, base: b.base(), size: b.mappedSize(), loc: LocationHost, host: b})
 	return nil
 }
 

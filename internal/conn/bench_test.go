@@ -53,12 +53,12 @@ func BenchmarkBatchExists1024(b *testing.B) {
 	for i := range segs {
 		segs[i] = r.seg(i*64, 64)
 	}
-	if got, err := c.BatchPut(ctx, keys[:n/2], segs); err != nil || !got[0] {
+	if got, err := joined(c.BatchPut(ctx, keys[:n/2], segs)); err != nil || !got[0] {
 		b.Fatalf("BatchPut: %v", err)
 	}
 	b.Run("Conn", func(b *testing.B) {
 		for b.Loop() {
-			got, err := c.BatchExists(ctx, keys, false)
+			got, err := joined(c.BatchExists(ctx, keys, false))
 			if err != nil || !got[0] || got[n-1] {
 				b.Fatal(err)
 			}

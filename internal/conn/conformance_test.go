@@ -193,10 +193,10 @@ func TestConformanceMultiRegion(t *testing.T) {
 	}
 	copy(a.mem[100:], pattern(2, 1000))
 	copy(b.mem[200:], pattern(3, 500))
-	got, err := c.BatchPut(ctx, []string{"ka", "kb"}, []Segment{a.seg(100, 1000), b.seg(200, 500)})
+	got, err := joined(c.BatchPut(ctx, []string{"ka", "kb"}, []Segment{a.seg(100, 1000), b.seg(200, 500)}))
 	wantBools(t, "BatchPut across regions", got, err, true, true)
 	// Read each into the other region.
-	got, err = c.BatchGet(ctx, []string{"ka", "kb"}, []Segment{b.seg(10_000, 1000), a.seg(50_000, 500)})
+	got, err = joined(c.BatchGet(ctx, []string{"ka", "kb"}, []Segment{b.seg(10_000, 1000), a.seg(50_000, 500)}))
 	wantBools(t, "BatchGet across regions", got, err, true, true)
 	if !bytes.Equal(b.mem[10_000:11_000], pattern(2, 1000)) || !bytes.Equal(a.mem[50_000:50_500], pattern(3, 500)) {
 		t.Fatal("cross-region bytes differ")
@@ -261,7 +261,7 @@ func TestConformanceDeregistration(t *testing.T) {
 	mustOK(t, "Exists after Deregister")(c.Exists(ctx, "k"))
 	_, err := c.Get(ctx, "k", r.seg(0, 512))
 	wantReason(t, "Get after Deregister", err, server.MsgBadShmBuffer)
-	got, err := c.BatchGet(ctx, []string{"k"}, []Segment{r.seg(0, 512)})
+	got, err := joined(c.BatchGet(ctx, []string{"k"}, []Segment{r.seg(0, 512)}))
 	wantBools(t, "BatchGet after Deregister", got, err, false)
 	// Unknown client ids deregister fine.
 	other := dial(t, srv.Endpoint())
@@ -289,9 +289,9 @@ func TestConformanceBatches(t *testing.T) {
 		segs[i] = r.seg(i*size, size)
 		back[i] = r.seg(500_000+i*size, size)
 	}
-	got, err := c.BatchPut(ctx, keys, segs)
+	got, err := joined(c.BatchPut(ctx, keys, segs))
 	wantBools(t, "BatchPut", got, err, trues(n)...)
-	got, err = c.BatchGet(ctx, keys, back)
+	got, err = joined(c.BatchGet(ctx, keys, back))
 	wantBools(t, "BatchGet", got, err, trues(n)...)
 	for i := range keys {
 		if !bytes.Equal(r.mem[500_000+i*size:500_000+(i+1)*size], pattern(10+i, size)) {
@@ -299,7 +299,7 @@ func TestConformanceBatches(t *testing.T) {
 		}
 	}
 	probe := []string{"b00", "b01", "nope", "b03"}
-	got, err = c.BatchExists(ctx, probe, false)
+	got, err = joined(c.BatchExists(ctx, probe, false))
 	wantBools(t, "BatchExists", got, err, true, true, false, true)
 	if k, err := c.BatchExistsConsecutive(ctx, probe, false); k != 2 || err != nil {
 		t.Fatalf("BatchExistsConsecutive = %d, %v", k, err)
@@ -308,12 +308,12 @@ func TestConformanceBatches(t *testing.T) {
 		t.Fatalf("BatchExistsConsecutive(all) = %d, %v", k, err)
 	}
 	// A get of a missing key and one of the wrong size: only those false.
-	got, err = c.BatchGet(ctx, []string{"b00", "nope", "b02"}, []Segment{back[0], back[1], r.seg(0, size-1)})
+	got, err = joined(c.BatchGet(ctx, []string{"b00", "nope", "b02"}, []Segment{back[0], back[1], r.seg(0, size-1)}))
 	wantBools(t, "BatchGet with misses", got, err, true, false, false)
 
 	// Clear drops every object and keeps the registration.
 	mustOK(t, "Clear")(c.Clear(ctx))
-	got, err = c.BatchExists(ctx, keys[:3], false)
+	got, err = joined(c.BatchExists(ctx, keys[:3], false))
 	wantBools(t, "BatchExists after Clear", got, err, false, false, false)
 	mustOK(t, "Put after Clear")(c.Put(ctx, "again", r.seg(0, 10)))
 	mustOK(t, "Flush")(c.Flush(ctx))
@@ -338,13 +338,13 @@ func TestConformanceAllFalseBatches(t *testing.T) {
 		"unknown region": {r.seg(0, 10), {RegionBase: r.base + 1<<30, Size: 10}},
 	}
 	for name, segs := range bad {
-		got, err := c.BatchPut(ctx, []string{"x1", "x2"}, segs)
+		got, err := joined(c.BatchPut(ctx, []string{"x1", "x2"}, segs))
 		wantBools(t, "BatchPut "+name, got, err, false, false)
-		got, err = c.BatchExists(ctx, []string{"x1", "x2"}, false)
+		got, err = joined(c.BatchExists(ctx, []string{"x1", "x2"}, false))
 		wantBools(t, "nothing stored after "+name, got, err, false, false)
 	}
 	mustOK(t, "Put")(c.Put(ctx, "have", r.seg(0, 10)))
-	got, err := c.BatchGet(ctx, []string{"have", "have"}, []Segment{r.seg(0, 10), r.seg(1<<20, 10)})
+	got, err := joined(c.BatchGet(ctx, []string{"have", "have"}, []Segment{r.seg(0, 10), r.seg(1<<20, 10)}))
 	wantBools(t, "BatchGet with one bad entry", got, err, false, false)
 	// Mismatched array lengths, which the Conn never sends.
 	resp, err := c.Raw().BatchPut(ctx, &umbppb.BatchDataRequest{
@@ -356,7 +356,7 @@ func TestConformanceAllFalseBatches(t *testing.T) {
 	}
 	// An unknown client: all false.
 	other := dial(t, srv.Endpoint())
-	got, err = other.BatchPut(ctx, []string{"z1"}, []Segment{r.seg(0, 10)})
+	got, err = joined(other.BatchPut(ctx, []string{"z1"}, []Segment{r.seg(0, 10)}))
 	wantBools(t, "BatchPut of an unregistered client", got, err, false)
 	if st := srv.Stats(); st.Objects != 1 {
 		t.Fatalf("objects %d", st.Objects)
@@ -370,7 +370,7 @@ func TestConformanceFirstWriterWins(t *testing.T) {
 	copy(r.mem[1000:], pattern(21, 200))
 	mustOK(t, "first Put")(c.Put(ctx, "k", r.seg(0, 100)))
 	mustOK(t, "second Put (another size)")(c.Put(ctx, "k", r.seg(1000, 200)))
-	got, err := c.BatchPut(ctx, []string{"k"}, []Segment{r.seg(1000, 100)})
+	got, err := joined(c.BatchPut(ctx, []string{"k"}, []Segment{r.seg(1000, 100)}))
 	wantBools(t, "BatchPut of an existing key", got, err, true)
 	if ok, err := c.Get(ctx, "k", r.seg(5000, 200)); ok || err != nil {
 		t.Fatalf("Get with the second size = %v, %v", ok, err)
@@ -380,7 +380,7 @@ func TestConformanceFirstWriterWins(t *testing.T) {
 		t.Fatal("the first value was not kept")
 	}
 	// The same key twice in one BatchPut keeps the later value.
-	got, err = c.BatchPut(ctx, []string{"d", "d"}, []Segment{r.seg(0, 100), r.seg(1000, 100)})
+	got, err = joined(c.BatchPut(ctx, []string{"d", "d"}, []Segment{r.seg(0, 100), r.seg(1000, 100)}))
 	wantBools(t, "BatchPut of a repeated key", got, err, true, true)
 	mustOK(t, "Get d")(c.Get(ctx, "d", r.seg(6000, 100)))
 	if !bytes.Equal(r.mem[6000:6100], pattern(21, 100)) {
@@ -397,18 +397,18 @@ func TestConformanceRanged(t *testing.T) {
 	copy(a.mem[0:], obj[:1000])
 	copy(b.mem[100:], obj[1000:])
 	good := Object{Key: "obj", Size: 3000, Ranges: []Range{a.rng(0, 1000, 0), b.rng(100, 2000, 1000)}}
-	got, err := c.BatchPutRanges(ctx, []Object{good})
+	got, err := joined(c.BatchPutRanges(ctx, []Object{good}))
 	wantBools(t, "BatchPutRanges", got, err, true)
 	// Ranges in any order tile as well.
 	rev := Object{Key: "rev", Size: 3000, Ranges: []Range{b.rng(100, 2000, 1000), a.rng(0, 1000, 0)}}
-	got, err = c.BatchPutRanges(ctx, []Object{rev})
+	got, err = joined(c.BatchPutRanges(ctx, []Object{rev}))
 	wantBools(t, "BatchPutRanges in reverse order", got, err, true)
 
 	// A ranged get may read any subset of the object, gathered anywhere.
-	got, err = c.BatchGetRanges(ctx, []Object{
+	got, err = joined(c.BatchGetRanges(ctx, []Object{
 		{Key: "obj", Ranges: []Range{a.rng(200_000, 3000, 0)}},
 		{Key: "rev", Ranges: []Range{b.rng(10_000, 500, 2500), a.rng(300_000, 10, 999)}},
-	})
+	}))
 	wantBools(t, "BatchGetRanges", got, err, true, true)
 	if !bytes.Equal(a.mem[200_000:203_000], obj) || !bytes.Equal(b.mem[10_000:10_500], obj[2500:]) ||
 		!bytes.Equal(a.mem[300_000:300_010], obj[999:1009]) {
@@ -432,9 +432,9 @@ func TestConformanceRanged(t *testing.T) {
 	}
 	for name, o := range perKey {
 		o.Key = "bad-" + name
-		got, err := c.BatchPutRanges(ctx, []Object{{Key: "ok-" + name, Size: 10, Ranges: []Range{a.rng(0, 10, 0)}}, o})
+		got, err := joined(c.BatchPutRanges(ctx, []Object{{Key: "ok-" + name, Size: 10, Ranges: []Range{a.rng(0, 10, 0)}}, o}))
 		wantBools(t, "ranged put with "+name, got, err, true, false)
-		got, err = c.BatchExists(ctx, []string{"ok-" + name, o.Key}, false)
+		got, err = joined(c.BatchExists(ctx, []string{"ok-" + name, o.Key}, false))
 		wantBools(t, "stored after "+name, got, err, true, false)
 	}
 	// Per-key false that the Conn refuses locally, sent raw: a zero-size
@@ -478,11 +478,11 @@ func TestConformanceRanged(t *testing.T) {
 		}
 	}
 	// Ranged get, per key false: past the object's end, a missing key.
-	got, err = c.BatchGetRanges(ctx, []Object{
+	got, err = joined(c.BatchGetRanges(ctx, []Object{
 		{Key: "obj", Ranges: []Range{a.rng(0, 10, 0)}},
 		{Key: "obj", Ranges: []Range{a.rng(0, 10, 2995)}},
 		{Key: "missing", Ranges: []Range{a.rng(0, 10, 0)}},
-	})
+	}))
 	wantBools(t, "ranged get per-key failures", got, err, true, false, false)
 
 	// Whole batch false, through the Conn: a range outside registered memory
@@ -491,15 +491,15 @@ func TestConformanceRanged(t *testing.T) {
 		"outside":        a.rng(1<<20-5, 10, 0),
 		"unknown region": {RegionBase: a.base + 1<<30, Size: 10},
 	} {
-		got, err := c.BatchPutRanges(ctx, []Object{
+		got, err := joined(c.BatchPutRanges(ctx, []Object{
 			{Key: "w-ok", Size: 10, Ranges: []Range{a.rng(0, 10, 0)}},
 			{Key: "w-bad", Size: 10, Ranges: []Range{r}},
-		})
+		}))
 		wantBools(t, "ranged put with a range "+name, got, err, false, false)
-		got, err = c.BatchGetRanges(ctx, []Object{
+		got, err = joined(c.BatchGetRanges(ctx, []Object{
 			{Key: "obj", Ranges: []Range{a.rng(0, 10, 0)}},
 			{Key: "obj", Ranges: []Range{r}},
-		})
+		}))
 		wantBools(t, "ranged get with a range "+name, got, err, false, false)
 	}
 	// Whole batch false, raw: shapes the Conn never sends.
@@ -547,27 +547,27 @@ func TestConformanceRanged(t *testing.T) {
 			t.Errorf("ranged call with %s = %v, %v", name, resp.GetOk(), err)
 		}
 	}
-	if got, err := c.BatchExists(ctx, []string{"s1", "s2", "w-ok", "w-bad"}, false); err != nil || fmt.Sprint(got) != "[false false false false]" {
+	if got, err := joined(c.BatchExists(ctx, []string{"s1", "s2", "w-ok", "w-bad"}, false)); err != nil || fmt.Sprint(got) != "[false false false false]" {
 		t.Fatalf("whole-batch failures stored something: %v, %v", got, err)
 	}
 
 	// Re-putting an existing key: valid ranges are ok and keep the first
 	// value; non-tiling ranges are false and leave it intact.
 	copy(a.mem[600_000:], pattern(31, 3000))
-	got, err = c.BatchPutRanges(ctx, []Object{{Key: "obj", Size: 3000, Ranges: []Range{a.rng(600_000, 3000, 0)}}})
+	got, err = joined(c.BatchPutRanges(ctx, []Object{{Key: "obj", Size: 3000, Ranges: []Range{a.rng(600_000, 3000, 0)}}}))
 	wantBools(t, "ranged re-put", got, err, true)
-	got, err = c.BatchPutRanges(ctx, []Object{{Key: "obj", Size: 3000, Ranges: []Range{a.rng(600_000, 2000, 0)}}})
+	got, err = joined(c.BatchPutRanges(ctx, []Object{{Key: "obj", Size: 3000, Ranges: []Range{a.rng(600_000, 2000, 0)}}}))
 	wantBools(t, "non-tiling ranged re-put", got, err, false)
 	mustOK(t, "Get after re-puts")(c.Get(ctx, "obj", a.seg(700_000, 3000)))
 	if !bytes.Equal(a.mem[700_000:703_000], obj) {
 		t.Fatal("a re-put changed the stored object")
 	}
 	// The same new key twice in one ranged put: both false, nothing stored.
-	got, err = c.BatchPutRanges(ctx, []Object{
+	got, err = joined(c.BatchPutRanges(ctx, []Object{
 		{Key: "twice", Size: 10, Ranges: []Range{a.rng(0, 10, 0)}},
 		{Key: "other", Size: 10, Ranges: []Range{a.rng(0, 10, 0)}},
 		{Key: "twice", Size: 10, Ranges: []Range{a.rng(10, 10, 0)}},
-	})
+	}))
 	wantBools(t, "ranged put of a repeated new key", got, err, false, true, false)
 	if ok, err := c.Exists(ctx, "twice"); ok || err != nil {
 		t.Fatalf("repeated new key stored: %v, %v", ok, err)
@@ -609,7 +609,7 @@ func TestConformanceEviction(t *testing.T) {
 	if ok, _ := c.Put(ctx, "huge", r.seg(0, 128<<10)); ok {
 		t.Fatal("an object larger than the tier was stored")
 	}
-	got, err := c.BatchPut(ctx, []string{"huge2"}, []Segment{r.seg(0, 128<<10)})
+	got, err := joined(c.BatchPut(ctx, []string{"huge2"}, []Segment{r.seg(0, 128<<10)}))
 	wantBools(t, "BatchPut larger than the tier", got, err, false)
 }
 
@@ -625,11 +625,11 @@ func TestConformanceV1Server(t *testing.T) {
 	mustOK(t, "v1 Put")(c.Put(ctx, "k", r.seg(0, 100)))
 	mustOK(t, "v1 Get")(c.Get(ctx, "k", r.seg(1000, 100)))
 	o := []Object{{Key: "k2", Size: 10, Ranges: []Range{r.rng(0, 10, 0)}}}
-	got, err := c.BatchPutRanges(ctx, o)
+	got, err := joined(c.BatchPutRanges(ctx, o))
 	if !errors.Is(err, ErrUnimplemented) || fmt.Sprint(got) != "[false]" {
 		t.Fatalf("v1 BatchPutRanges = %v, %v", got, err)
 	}
-	got, err = c.BatchGetRanges(ctx, o)
+	got, err = joined(c.BatchGetRanges(ctx, o))
 	if !errors.Is(err, ErrUnimplemented) || fmt.Sprint(got) != "[false]" {
 		t.Fatalf("v1 BatchGetRanges = %v, %v", got, err)
 	}
@@ -710,14 +710,14 @@ func TestConformanceSplitBatches(t *testing.T) {
 			segs[i] = r.seg(i*1000, 1000)
 			objs[i] = Object{Key: "r" + keys[i], Size: 1000, Ranges: []Range{r.rng(i*1000, 600, 0), r.rng(i*1000+600, 400, 600)}}
 		}
-		got, err := c.BatchPut(ctx, keys, segs)
+		got, err := joined(c.BatchPut(ctx, keys, segs))
 		wantBools(t, "split BatchPut", got, err, trues(n)...)
-		got, err = c.BatchPutRanges(ctx, objs)
+		got, err = joined(c.BatchPutRanges(ctx, objs))
 		wantBools(t, "split BatchPutRanges", got, err, trues(n)...)
 		for i := range objs {
 			objs[i].Ranges = []Range{r.rng(500_000+i*1000, 1000, 0)}
 		}
-		got, err = c.BatchGetRanges(ctx, objs)
+		got, err = joined(c.BatchGetRanges(ctx, objs))
 		wantBools(t, "split BatchGetRanges", got, err, trues(n)...)
 		for i := range keys {
 			if !bytes.Equal(r.mem[500_000+i*1000:500_000+(i+1)*1000], pattern(60+i, 1000)) {
@@ -734,7 +734,7 @@ func TestConformanceSplitBatches(t *testing.T) {
 	for i := range keys {
 		keys[i] = fmt.Sprintf("%08d", i) + pad
 	}
-	got, err := c.BatchExists(ctx, keys, false)
+	got, err := joined(c.BatchExists(ctx, keys, false))
 	if err != nil || len(got) != len(keys) {
 		t.Fatalf("BatchExists over 64 MiB = %d results, %v", len(got), err)
 	}

@@ -43,19 +43,9 @@ import (
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
-// MaxMessageSize is the gRPC message limit of the server, each way.
-const MaxMessageSize = 64 << 20
-
 // DefaultStartupTimeout bounds Dial's wait for a ready server when
 // Options.StartupTimeout is zero.
 const DefaultStartupTimeout = 30 * time.Second
-
-// maxRequestBytes is the largest request a batch wrapper sends; batches are
-// split to fit. A variable so that tests can lower it.
-var maxRequestBytes = MaxMessageSize
-
-// pingAttempt bounds one readiness Ping during Dial.
-const pingAttempt = time.Second
 
 // Options configures Dial.
 type Options struct {
@@ -211,12 +201,12 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 		// A restarted server is found within about a second.
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff: backoff.Config{
-				BaseDelay:  50 * time.Millisecond,
-				Multiplier: 1.6,
-				Jitter:     0.2,
-				MaxDelay:   time.Second,
+				BaseDelay:  redialBase,
+				Multiplier: redialMultiplier,
+				Jitter:     redialJitter,
+				MaxDelay:   redialMax,
 			},
-			MinConnectTimeout: time.Second,
+			MinConnectTimeout: redialMinConnect,
 		}),
 		// Stay connected: State reflects the server, not idleness.
 		grpc.WithIdleTimeout(0),
@@ -296,10 +286,6 @@ func (c *Conn) dialGRPC(ctx context.Context, _ string) (net.Conn, error) {
 // connection first reached may be gone, with its registrations.
 func (c *Conn) Transports() uint64 { return c.dials.Load() }
 
-// refusalLogEvery spaces the warnings about refused connections: gRPC
-// retries about once a second.
-const refusalLogEvery = 30 * time.Second
-
 // refused reports a connection refused by the trust check: to Dial while it
 // waits, which returns it; later, when gRPC sees no more than a failed
 // connection, to the log.
@@ -320,7 +306,7 @@ func (c *Conn) refused(err error) {
 func (c *Conn) waitReady(ctx context.Context, startup time.Duration) (Capabilities, error) {
 	sctx, cancel := context.WithTimeout(ctx, startup)
 	defer cancel()
-	pause := 20 * time.Millisecond
+	pause := pingPauseMin
 	var last error
 	for attempt := 1; ; attempt++ {
 		actx, acancel := context.WithTimeout(sctx, pingAttempt)
@@ -361,7 +347,7 @@ func (c *Conn) waitReady(ctx context.Context, startup time.Duration) (Capabiliti
 		if sctx.Err() != nil {
 			break
 		}
-		pause = min(2*pause, 250*time.Millisecond)
+		pause = min(2*pause, pingPauseMax)
 	}
 	what := c.diagnose(last, startup)
 	if cerr := ctx.Err(); cerr != nil {

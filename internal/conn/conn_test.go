@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -335,13 +336,13 @@ func TestRequestMapping(t *testing.T) {
 	wantReq(t, oneCall(t, f), "Get", &umbppb.GetRequest{Key: "k1", ClientId: cid, ShmOffset: 4096, Size: 512, RegionBase: 0x7f0000000000})
 
 	segs := []Segment{seg, {RegionBase: 0x1000, Offset: 0, Size: 1}}
-	got, err := c.BatchPut(ctx, []string{"a", "b"}, segs)
+	got, err := joined(c.BatchPut(ctx, []string{"a", "b"}, segs))
 	checkAll("BatchPut", got, err, 2)
 	wantReq(t, oneCall(t, f), "BatchPut", &umbppb.BatchDataRequest{
 		Keys: []string{"a", "b"}, ClientId: cid,
 		ShmOffsets: []uint64{4096, 0}, Sizes: []uint64{512, 1}, RegionBases: []uint64{0x7f0000000000, 0x1000},
 	})
-	got, err = c.BatchGet(ctx, []string{"a", "b"}, segs)
+	got, err = joined(c.BatchGet(ctx, []string{"a", "b"}, segs))
 	checkAll("BatchGet", got, err, 2)
 	wantReq(t, oneCall(t, f), "BatchGet", &umbppb.BatchDataRequest{
 		Keys: []string{"a", "b"}, ClientId: cid,
@@ -355,14 +356,14 @@ func TestRequestMapping(t *testing.T) {
 		}},
 		{Key: "y", Size: 5, Ranges: []Range{{RegionBase: 0x1000, Offset: 50, Size: 5, ObjectOffset: 0}}},
 	}
-	got, err = c.BatchPutRanges(ctx, objs)
+	got, err = joined(c.BatchPutRanges(ctx, objs))
 	checkAll("BatchPutRanges", got, err, 2)
 	wantReq(t, oneCall(t, f), "BatchPutRanges", &umbppb.BatchRangeDataRequest{
 		Keys: []string{"x", "y"}, ClientId: cid, RangeCounts: []uint32{2, 1},
 		ShmOffsets: []uint64{0, 100, 50}, RegionBases: []uint64{0x1000, 0x2000, 0x1000},
 		Sizes: []uint64{10, 20, 5}, ObjectOffsets: []uint64{0, 10, 0}, ObjectSizes: []uint64{30, 5},
 	})
-	got, err = c.BatchGetRanges(ctx, objs)
+	got, err = joined(c.BatchGetRanges(ctx, objs))
 	checkAll("BatchGetRanges", got, err, 2)
 	gr := oneCall(t, f)
 	wantReq(t, gr, "BatchGetRanges", &umbppb.BatchRangeDataRequest{
@@ -377,7 +378,7 @@ func TestRequestMapping(t *testing.T) {
 	ok, err = c.Exists(ctx, "k1")
 	check("Exists", ok, err)
 	wantReq(t, oneCall(t, f), "Exists", &umbppb.KeyRequest{Key: "k1"})
-	got, err = c.BatchExists(ctx, []string{"a", "b", "c"}, false)
+	got, err = joined(c.BatchExists(ctx, []string{"a", "b", "c"}, false))
 	checkAll("BatchExists", got, err, 3)
 	wantReq(t, oneCall(t, f), "BatchExists", &umbppb.BatchKeysRequest{Keys: []string{"a", "b", "c"}})
 	n, err := c.BatchExistsConsecutive(ctx, []string{"a", "b", "c"}, false)
@@ -470,12 +471,12 @@ func TestNoDeadlineAdded(t *testing.T) {
 	seg := Segment{RegionBase: 0x1000, Size: 1}
 	_, _ = c.Put(ctx, "k", seg)
 	_, _ = c.Get(ctx, "k", seg)
-	_, _ = c.BatchPut(ctx, []string{"k"}, []Segment{seg})
-	_, _ = c.BatchGet(ctx, []string{"k"}, []Segment{seg})
+	_, _ = joined(c.BatchPut(ctx, []string{"k"}, []Segment{seg}))
+	_, _ = joined(c.BatchGet(ctx, []string{"k"}, []Segment{seg}))
 	o := []Object{{Key: "k", Size: 1, Ranges: []Range{{RegionBase: 0x1000, Size: 1}}}}
-	_, _ = c.BatchPutRanges(ctx, o)
-	_, _ = c.BatchGetRanges(ctx, o)
-	_, _ = c.BatchExists(ctx, []string{"k"}, false)
+	_, _ = joined(c.BatchPutRanges(ctx, o))
+	_, _ = joined(c.BatchGetRanges(ctx, o))
+	_, _ = joined(c.BatchExists(ctx, []string{"k"}, false))
 	calls := f.take()
 	if len(calls) != 7 {
 		t.Fatalf("%d calls", len(calls))
@@ -537,7 +538,7 @@ func TestGoldenWireBytes(t *testing.T) {
 		{RegionBase: 0x10000, Offset: 0, Size: 16, ObjectOffset: 0},
 		{RegionBase: 0x20000, Offset: 200, Size: 32, ObjectOffset: 16},
 	}}}
-	_, _ = c.BatchPutRanges(ctx, objs)
+	_, _ = joined(c.BatchPutRanges(ctx, objs))
 	body := func() []byte {
 		b := str(nil, 1, "o")
 		b = str(b, 2, cid)
@@ -551,7 +552,7 @@ func TestGoldenWireBytes(t *testing.T) {
 	if g := got(); !bytes.Equal(g, want) {
 		t.Fatalf("BatchPutRanges\n got %x\nwant %x", g, want)
 	}
-	_, _ = c.BatchGetRanges(ctx, objs)
+	_, _ = joined(c.BatchGetRanges(ctx, objs))
 	if g, want := got(), body(); !bytes.Equal(g, want) {
 		t.Fatalf("BatchGetRanges\n got %x\nwant %x", g, want)
 	}
@@ -704,30 +705,30 @@ func TestValidation(t *testing.T) {
 	good := Segment{RegionBase: 0x1000, Size: 1}
 	goodR := Range{RegionBase: 0x1000, Size: 1}
 	batches := map[string]func() ([]bool, error){
-		"BatchPut length":    func() ([]bool, error) { return c.BatchPut(ctx, []string{"a", "b"}, []Segment{good}) },
-		"BatchGet empty key": func() ([]bool, error) { return c.BatchGet(ctx, []string{"a", ""}, []Segment{good, good}) },
+		"BatchPut length":    func() ([]bool, error) { return joined(c.BatchPut(ctx, []string{"a", "b"}, []Segment{good})) },
+		"BatchGet empty key": func() ([]bool, error) { return joined(c.BatchGet(ctx, []string{"a", ""}, []Segment{good, good})) },
 		"BatchPut size 0": func() ([]bool, error) {
-			return c.BatchPut(ctx, []string{"a", "b"}, []Segment{good, {RegionBase: 0x1000}})
+			return joined(c.BatchPut(ctx, []string{"a", "b"}, []Segment{good, {RegionBase: 0x1000}}))
 		},
-		"BatchPut base 0": func() ([]bool, error) { return c.BatchPut(ctx, []string{"a"}, []Segment{{Size: 1}}) },
+		"BatchPut base 0": func() ([]bool, error) { return joined(c.BatchPut(ctx, []string{"a"}, []Segment{{Size: 1}})) },
 		"BatchGet overflow": func() ([]bool, error) {
-			return c.BatchGet(ctx, []string{"a"}, []Segment{{RegionBase: 0x1000, Offset: ^uint64(0), Size: 2}})
+			return joined(c.BatchGet(ctx, []string{"a"}, []Segment{{RegionBase: 0x1000, Offset: ^uint64(0), Size: 2}}))
 		},
-		"BatchExists utf8": func() ([]bool, error) { return c.BatchExists(ctx, []string{"a", "\xff"}, false) },
+		"BatchExists utf8": func() ([]bool, error) { return joined(c.BatchExists(ctx, []string{"a", "\xff"}, false)) },
 		"ranges none": func() ([]bool, error) {
-			return c.BatchPutRanges(ctx, []Object{{Key: "a", Size: 1, Ranges: []Range{goodR}}, {Key: "b", Size: 1}})
+			return joined(c.BatchPutRanges(ctx, []Object{{Key: "a", Size: 1, Ranges: []Range{goodR}}, {Key: "b", Size: 1}}))
 		},
 		"ranges size 0": func() ([]bool, error) {
-			return c.BatchGetRanges(ctx, []Object{{Key: "a", Ranges: []Range{{RegionBase: 0x1000}}}})
+			return joined(c.BatchGetRanges(ctx, []Object{{Key: "a", Ranges: []Range{{RegionBase: 0x1000}}}}))
 		},
 		"ranges object size 0": func() ([]bool, error) {
-			return c.BatchPutRanges(ctx, []Object{{Key: "a", Ranges: []Range{goodR}}})
+			return joined(c.BatchPutRanges(ctx, []Object{{Key: "a", Ranges: []Range{goodR}}}))
 		},
 		"ranges empty key": func() ([]bool, error) {
-			return c.BatchGetRanges(ctx, []Object{{Ranges: []Range{goodR}}})
+			return joined(c.BatchGetRanges(ctx, []Object{{Ranges: []Range{goodR}}}))
 		},
 		"ranges object offset overflow": func() ([]bool, error) {
-			return c.BatchGetRanges(ctx, []Object{{Key: "a", Ranges: []Range{{RegionBase: 0x1000, Size: 2, ObjectOffset: ^uint64(0)}}}})
+			return joined(c.BatchGetRanges(ctx, []Object{{Key: "a", Ranges: []Range{{RegionBase: 0x1000, Size: 2, ObjectOffset: ^uint64(0)}}}}))
 		},
 	}
 	for name, fn := range batches {
@@ -760,10 +761,10 @@ func TestValidation(t *testing.T) {
 		t.Fatalf("invalid requests reached the server: %v", calls)
 	}
 	// Empty batches need no request.
-	if got, err := c.BatchExists(ctx, nil, false); len(got) != 0 || err != nil {
+	if got, err := joined(c.BatchExists(ctx, nil, false)); len(got) != 0 || err != nil {
 		t.Fatalf("BatchExists(nil) = %v, %v", got, err)
 	}
-	if got, err := c.BatchPutRanges(ctx, nil); len(got) != 0 || err != nil {
+	if got, err := joined(c.BatchPutRanges(ctx, nil)); len(got) != 0 || err != nil {
 		t.Fatalf("BatchPutRanges(nil) = %v, %v", got, err)
 	}
 	if calls := f.take(); len(calls) != 0 {
@@ -830,11 +831,11 @@ func TestBatchSplit(t *testing.T) {
 		}}
 	}
 	for name, fn := range map[string]func() ([]bool, error){
-		"BatchExists":    func() ([]bool, error) { return c.BatchExists(ctx, keys, false) },
-		"BatchPut":       func() ([]bool, error) { return c.BatchPut(ctx, keys, segs) },
-		"BatchGet":       func() ([]bool, error) { return c.BatchGet(ctx, keys, segs) },
-		"BatchPutRanges": func() ([]bool, error) { return c.BatchPutRanges(ctx, objs) },
-		"BatchGetRanges": func() ([]bool, error) { return c.BatchGetRanges(ctx, objs) },
+		"BatchExists":    func() ([]bool, error) { return joined(c.BatchExists(ctx, keys, false)) },
+		"BatchPut":       func() ([]bool, error) { return joined(c.BatchPut(ctx, keys, segs)) },
+		"BatchGet":       func() ([]bool, error) { return joined(c.BatchGet(ctx, keys, segs)) },
+		"BatchPutRanges": func() ([]bool, error) { return joined(c.BatchPutRanges(ctx, objs)) },
+		"BatchGetRanges": func() ([]bool, error) { return joined(c.BatchGetRanges(ctx, objs)) },
 	} {
 		got, err := fn()
 		if err != nil || len(got) != len(keys) {
@@ -849,6 +850,20 @@ func TestBatchSplit(t *testing.T) {
 		if len(calls) < 3 {
 			t.Fatalf("%s: %d requests, want a split", name, len(calls))
 		}
+		// Ranged parts go up to partsInFlight at a time: take the requests
+		// in the order of the entries they carry, not of their arrival.
+		first := func(m proto.Message) string {
+			switch r := m.(type) {
+			case *umbppb.BatchKeysRequest:
+				return r.Keys[0]
+			case *umbppb.BatchDataRequest:
+				return r.Keys[0]
+			case *umbppb.BatchRangeDataRequest:
+				return r.Keys[0]
+			}
+			return ""
+		}
+		slices.SortStableFunc(calls, func(a, b call) int { return strings.Compare(first(a.req), first(b.req)) })
 		var sent []string
 		var sentRanges, sentSizes int
 		for i, cl := range calls {
@@ -897,7 +912,7 @@ func TestBatchSplit(t *testing.T) {
 
 	// One entry too large for any request: refused locally.
 	big := strings.Repeat("k", limit)
-	if got, err := c.BatchExists(ctx, []string{"a", big}, false); !errors.Is(err, ErrInvalidArgument) || len(got) != 2 {
+	if got, err := joined(c.BatchExists(ctx, []string{"a", big}, false)); !errors.Is(err, ErrInvalidArgument) || len(got) != 2 {
 		t.Fatalf("oversize key: %v, %v", got, err)
 	}
 	if _, err := c.Exists(ctx, big); !errors.Is(err, ErrInvalidArgument) {
@@ -962,7 +977,7 @@ func TestWrongLengthAndChunkFailures(t *testing.T) {
 		f.setHandler(func(context.Context, string, proto.Message) (proto.Message, error) {
 			return &umbppb.BatchBoolResponse{Ok: make([]bool, n)}, nil
 		})
-		got, err := c.BatchExists(ctx, []string{"a", "b", "c"}, false)
+		got, err := joined(c.BatchExists(ctx, []string{"a", "b", "c"}, false))
 		if !errors.Is(err, ErrBadReply) || len(got) != 3 {
 			t.Fatalf("%d results: %v, %v", n, got, err)
 		}
@@ -988,7 +1003,8 @@ func TestWrongLengthAndChunkFailures(t *testing.T) {
 		return &umbppb.BatchBoolResponse{Ok: ok}, nil
 	})
 	f.take()
-	got, err := c.BatchExists(ctx, keys, false)
+	got, errs := c.BatchExists(ctx, keys, false)
+	err := Joined(errs)
 	calls := f.take()
 	if len(calls) < 4 || len(got) != len(keys) {
 		t.Fatalf("%d requests, %d results", len(calls), len(got))
@@ -1003,18 +1019,18 @@ func TestWrongLengthAndChunkFailures(t *testing.T) {
 				t.Fatalf("result %d (chunk %d) = %v", i, ci, got[i])
 			}
 			// Each entry's error is its own chunk's.
-			switch e := ErrFor(err, i); ci {
+			switch e := errs[i]; ci {
 			case 1:
 				if !errors.Is(e, ErrBadReply) || status.Code(e) == codes.Internal {
-					t.Fatalf("ErrFor(%d) in the short-reply chunk = %v", i, e)
+					t.Fatalf("errs[%d] in the short-reply chunk = %v", i, e)
 				}
 			case 2:
 				if status.Code(e) != codes.Internal {
-					t.Fatalf("ErrFor(%d) in the failed chunk = %v", i, e)
+					t.Fatalf("errs[%d] in the failed chunk = %v", i, e)
 				}
 			default:
 				if e != nil {
-					t.Fatalf("ErrFor(%d) in an answered chunk = %v", i, e)
+					t.Fatalf("errs[%d] in an answered chunk = %v", i, e)
 				}
 			}
 			i++
@@ -1061,8 +1077,8 @@ func TestV1ServerRangedUnimplemented(t *testing.T) {
 	}
 	o := []Object{{Key: "k", Size: 1, Ranges: []Range{{RegionBase: 0x1000, Size: 1}}}}
 	for name, fn := range map[string]func() ([]bool, error){
-		"BatchPutRanges": func() ([]bool, error) { return c.BatchPutRanges(context.Background(), o) },
-		"BatchGetRanges": func() ([]bool, error) { return c.BatchGetRanges(context.Background(), o) },
+		"BatchPutRanges": func() ([]bool, error) { return joined(c.BatchPutRanges(context.Background(), o)) },
+		"BatchGetRanges": func() ([]bool, error) { return joined(c.BatchGetRanges(context.Background(), o)) },
 	} {
 		got, err := fn()
 		if !errors.Is(err, ErrUnimplemented) || len(got) != 1 || got[0] {
@@ -1087,7 +1103,7 @@ func TestContextHonoured(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(100*time.Millisecond, cancel)
 	start := time.Now()
-	got, err := c.BatchGet(ctx, []string{"a"}, []Segment{{RegionBase: 1, Size: 1}})
+	got, err := joined(c.BatchGet(ctx, []string{"a"}, []Segment{{RegionBase: 1, Size: 1}}))
 	if !errors.Is(err, context.Canceled) || len(got) != 1 || got[0] {
 		t.Fatalf("BatchGet = %v, %v", got, err)
 	}
@@ -1124,7 +1140,7 @@ func TestClose(t *testing.T) {
 	})
 	done := make(chan error, 1)
 	go func() {
-		_, err := c.BatchPut(context.Background(), []string{"a"}, []Segment{{RegionBase: 1, Size: 1}})
+		_, err := joined(c.BatchPut(context.Background(), []string{"a"}, []Segment{{RegionBase: 1, Size: 1}}))
 		done <- err
 	}()
 	<-started
@@ -1145,12 +1161,12 @@ func TestClose(t *testing.T) {
 		"Ping":           func() error { _, err := c.Ping(ctx); return err },
 		"Put":            func() error { _, err := c.Put(ctx, "k", seg); return err },
 		"Get":            func() error { _, err := c.Get(ctx, "k", seg); return err },
-		"BatchPut":       func() error { _, err := c.BatchPut(ctx, []string{"k"}, []Segment{seg}); return err },
-		"BatchGet":       func() error { _, err := c.BatchGet(ctx, []string{"k"}, []Segment{seg}); return err },
-		"BatchPutRanges": func() error { _, err := c.BatchPutRanges(ctx, o); return err },
-		"BatchGetRanges": func() error { _, err := c.BatchGetRanges(ctx, o); return err },
+		"BatchPut":       func() error { _, err := joined(c.BatchPut(ctx, []string{"k"}, []Segment{seg})); return err },
+		"BatchGet":       func() error { _, err := joined(c.BatchGet(ctx, []string{"k"}, []Segment{seg})); return err },
+		"BatchPutRanges": func() error { _, err := joined(c.BatchPutRanges(ctx, o)); return err },
+		"BatchGetRanges": func() error { _, err := joined(c.BatchGetRanges(ctx, o)); return err },
 		"Exists":         func() error { _, err := c.Exists(ctx, "k"); return err },
-		"BatchExists":    func() error { _, err := c.BatchExists(ctx, []string{"k"}, false); return err },
+		"BatchExists":    func() error { _, err := joined(c.BatchExists(ctx, []string{"k"}, false)); return err },
 		"Consecutive":    func() error { _, err := c.BatchExistsConsecutive(ctx, []string{"k"}, false); return err },
 		"Clear":          func() error { _, err := c.Clear(ctx); return err },
 		"Flush":          func() error { _, err := c.Flush(ctx); return err },

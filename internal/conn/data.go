@@ -41,37 +41,39 @@ type Object struct {
 }
 
 // BatchPut stores keys[i] from segs[i]. The result has one entry per key,
-// always: true where the server stored the key or already held it. Batches
-// are split to fit the message limit; a split batch is several requests, so
-// the server's all-or-nothing rule applies per request, and a key repeated
-// across two of them keeps the first value rather than the later one.
-func (c *Conn) BatchPut(ctx context.Context, keys []string, segs []Segment) ([]bool, error) {
+// always: true where the server stored the key or already held it. errs is
+// nil when every request was answered; otherwise each key's entry is the
+// error of the request that carried it (nil for keys answered). A batch
+// beyond the message limit is several requests, so the server's
+// all-or-nothing rule applies per request, and a key repeated across two of
+// them keeps the first value rather than the later one.
+func (c *Conn) BatchPut(ctx context.Context, keys []string, segs []Segment) (ok []bool, errs []error) {
 	return c.batchData(ctx, "BatchPut", keys, segs, c.raw.BatchPut)
 }
 
-// BatchGet loads keys[i] into segs[i]. The result has one entry per key,
-// always. Batches are split as for BatchPut.
-func (c *Conn) BatchGet(ctx context.Context, keys []string, segs []Segment) ([]bool, error) {
+// BatchGet loads keys[i] into segs[i], under the same rules as BatchPut.
+func (c *Conn) BatchGet(ctx context.Context, keys []string, segs []Segment) (ok []bool, errs []error) {
 	return c.batchData(ctx, "BatchGet", keys, segs, c.raw.BatchGet)
 }
 
 type batchDataRPC func(context.Context, *umbppb.BatchDataRequest, ...grpc.CallOption) (*umbppb.BatchBoolResponse, error)
 
-func (c *Conn) batchData(ctx context.Context, op string, keys []string, segs []Segment, rpc batchDataRPC) ([]bool, error) {
+func (c *Conn) batchData(ctx context.Context, op string, keys []string, segs []Segment, rpc batchDataRPC) ([]bool, []error) {
 	n := len(keys)
 	if err := c.usable(op); err != nil {
-		return make([]bool, n), err
+		return make([]bool, n), failAll(n, err)
 	}
 	if len(segs) != n {
-		return make([]bool, n), invalid(op, "%d keys but %d segments", n, len(segs))
+		return make([]bool, n), failAll(n, invalid(op, "%d keys but %d segments", n, len(segs)))
 	}
-	bound := fixedCost(len(c.clientID), 3) // a request far below the limit is one span
+	fixed := fixedCost(len(c.clientID), 3)
+	bound := fixed // a request far below the limit is one span
 	for i, k := range keys {
 		if err := checkKey(op, i, k); err != nil {
-			return make([]bool, n), err
+			return make([]bool, n), failAll(n, err)
 		}
 		if err := checkSegment(op, i, segs[i]); err != nil {
-			return make([]bool, n), err
+			return make([]bool, n), failAll(n, err)
 		}
 		bound += bytesField(len(k)) + 3*binary.MaxVarintLen64
 	}
@@ -81,15 +83,15 @@ func (c *Conn) batchData(ctx context.Context, op string, keys []string, segs []S
 	spans := []span{{0, n}}
 	if bound > maxRequestBytes {
 		var err error
-		spans, err = split(op, n, fixedCost(len(c.clientID), 3), func(i int) int {
+		spans, err = cutter{op: op, fixed: fixed}.cut(n, func(i int) entryCost {
 			s := segs[i]
-			return bytesField(len(keys[i])) + varint(s.Offset) + varint(s.Size) + varint(s.RegionBase)
+			return entryCost{wire: bytesField(len(keys[i])) + varint(s.Offset) + varint(s.Size) + varint(s.RegionBase)}
 		})
 		if err != nil {
-			return make([]bool, n), err
+			return make([]bool, n), failAll(n, err)
 		}
 	}
-	return c.runSpans(ctx, op, n, spans, func(ctx context.Context, s span) ([]bool, error) {
+	return c.run(ctx, op, n, spans, 1, func(ctx context.Context, s span) ([]bool, error) {
 		req := &umbppb.BatchDataRequest{
 			Keys:        keys[s.start:s.end],
 			ClientId:    c.clientID,
@@ -112,28 +114,32 @@ func (c *Conn) batchData(ctx context.Context, op string, keys []string, segs []S
 
 // BatchPutRanges stores each object from its ranges (v2), which must tile
 // [0, Size) of the object: the server answers false for an object whose
-// ranges do not. The result has one entry per object, always. A v1 server
-// answers with an error wrapping ErrUnimplemented.
-func (c *Conn) BatchPutRanges(ctx context.Context, objs []Object) ([]bool, error) {
+// ranges do not. Results and errors are as for BatchPut. The batch goes in
+// parts of about partRanges ranges or partBytes bytes (and within the
+// message limit), up to partsInFlight at a time, so that the server copies
+// one part while the next is encoded, sent and prepared; parts are
+// independent requests, so a batch that names one new key twice may have it
+// stored once. A v1 server answers with an error wrapping ErrUnimplemented.
+func (c *Conn) BatchPutRanges(ctx context.Context, objs []Object) (ok []bool, errs []error) {
 	return c.batchRanges(ctx, "BatchPutRanges", objs, true)
 }
 
 // BatchGetRanges loads the given ranges of each object (v2): any subset of
-// its bytes. Object.Size is not sent. The result has one entry per object,
-// always. A v1 server answers with an error wrapping ErrUnimplemented.
-func (c *Conn) BatchGetRanges(ctx context.Context, objs []Object) ([]bool, error) {
+// its bytes. Object.Size is not sent, but counts towards a part's bytes.
+// Results, errors and parts are as for BatchPutRanges.
+func (c *Conn) BatchGetRanges(ctx context.Context, objs []Object) (ok []bool, errs []error) {
 	return c.batchRanges(ctx, "BatchGetRanges", objs, false)
 }
 
-func (c *Conn) batchRanges(ctx context.Context, op string, objs []Object, put bool) ([]bool, error) {
+func (c *Conn) batchRanges(ctx context.Context, op string, objs []Object, put bool) ([]bool, []error) {
 	n := len(objs)
 	if err := c.usable(op); err != nil {
-		return make([]bool, n), err
+		return make([]bool, n), failAll(n, err)
 	}
 	total := 0
 	for i, o := range objs {
 		if err := checkObject(op, i, o, put); err != nil {
-			return make([]bool, n), err
+			return make([]bool, n), failAll(n, err)
 		}
 		total += len(o.Ranges)
 	}
@@ -144,30 +150,32 @@ func (c *Conn) batchRanges(ctx context.Context, op string, objs []Object, put bo
 	if put {
 		packed++ // object_sizes
 	}
-	// A request far below the message limit is one span: its size is
-	// bounded without sizing every range's varints.
-	bound := fixedCost(len(c.clientID), packed) + total*4*binary.MaxVarintLen64
+	fixed := fixedCost(len(c.clientID), packed)
+	// A request far below the message limit need not size every range's
+	// varints: parts are cut by ranges and bytes alone.
+	bound := fixed + total*4*binary.MaxVarintLen64
 	for _, o := range objs {
 		bound += bytesField(len(o.Key)) + 2*binary.MaxVarintLen64
 	}
-	if bound <= maxRequestBytes {
-		return c.runSpans(ctx, op, n, []span{{0, n}}, c.rangedCall(op, objs, total, put))
-	}
-	spans, err := split(op, n, fixedCost(len(c.clientID), packed), func(i int) int {
-		o := objs[i]
-		size := bytesField(len(o.Key)) + varint(uint64(len(o.Ranges)))
-		if put {
-			size += varint(o.Size)
+	exact := bound > maxRequestBytes
+	spans, err := cutter{op: op, fixed: fixed, parts: true}.cut(n, func(i int) entryCost {
+		o := &objs[i]
+		ec := entryCost{ranges: len(o.Ranges), bytes: o.Size}
+		if exact {
+			ec.wire = bytesField(len(o.Key)) + varint(uint64(len(o.Ranges)))
+			if put {
+				ec.wire += varint(o.Size)
+			}
+			for _, r := range o.Ranges {
+				ec.wire += varint(r.Offset) + varint(r.RegionBase) + varint(r.Size) + varint(r.ObjectOffset)
+			}
 		}
-		for _, r := range o.Ranges {
-			size += varint(r.Offset) + varint(r.RegionBase) + varint(r.Size) + varint(r.ObjectOffset)
-		}
-		return size
+		return ec
 	})
 	if err != nil {
-		return make([]bool, n), err
+		return make([]bool, n), failAll(n, err)
 	}
-	return c.runSpans(ctx, op, n, spans, c.rangedCall(op, objs, total, put))
+	return c.run(ctx, op, n, spans, partsInFlight, c.rangedCall(op, objs, total, put))
 }
 
 // rangedCall returns the call that sends the span s of objs (total ranges

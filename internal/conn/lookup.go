@@ -7,9 +7,9 @@ import (
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
-// keySpans validates keys (unless checked says the caller did) and splits
+// keySpans validates keys (unless checked says the caller did) and cuts
 // them to fit the message limit. Keys that fit one message, as lookups
-// almost always do, are sized in one pass without a per-key split.
+// almost always do, are sized in one pass without a per-key cut.
 func keySpans(op string, keys []string, checked bool) ([]span, error) {
 	total := 0
 	for i, k := range keys {
@@ -21,27 +21,30 @@ func keySpans(op string, keys []string, checked bool) ([]span, error) {
 		total += len(k)
 	}
 	// A key costs its bytes, a tag and a length of at most 10 bytes.
-	if len(keys) > 0 && total+len(keys)*(1+binary.MaxVarintLen64) <= maxRequestBytes {
+	if total+len(keys)*(1+binary.MaxVarintLen64) <= maxRequestBytes {
 		return []span{{0, len(keys)}}, nil
 	}
-	return split(op, len(keys), 0, func(i int) int { return bytesField(len(keys[i])) })
+	return cutter{op: op}.cut(len(keys), func(i int) entryCost { return entryCost{wire: bytesField(len(keys[i]))} })
 }
 
 // BatchExists reports, for each key in order, whether the server holds it.
-// The result has one entry per key, always; see BatchPut for how failures
-// of a split batch are reported. With checked, the caller has checked every
-// key already (non-empty, valid UTF-8) and they are not checked again.
-func (c *Conn) BatchExists(ctx context.Context, keys []string, checked bool) ([]bool, error) {
+// Results and errors are as for BatchPut. With checked, the caller has
+// checked every key already (non-empty, valid UTF-8) and they are not
+// checked again.
+func (c *Conn) BatchExists(ctx context.Context, keys []string, checked bool) (ok []bool, errs []error) {
 	const op = "BatchExists"
 	n := len(keys)
 	if err := c.usable(op); err != nil {
-		return make([]bool, n), err
+		return make([]bool, n), failAll(n, err)
+	}
+	if n == 0 {
+		return []bool{}, nil
 	}
 	spans, err := keySpans(op, keys, checked)
 	if err != nil {
-		return make([]bool, n), err
+		return make([]bool, n), failAll(n, err)
 	}
-	return c.runSpans(ctx, op, n, spans, func(ctx context.Context, s span) ([]bool, error) {
+	return c.run(ctx, op, n, spans, 1, func(ctx context.Context, s span) ([]bool, error) {
 		resp, err := c.raw.BatchExists(ctx, &umbppb.BatchKeysRequest{Keys: keys[s.start:s.end]})
 		if err != nil {
 			return nil, c.rpcError(ctx, op, err)

@@ -136,7 +136,7 @@ func (c *Conn) hashSpans(op string, hashes []string) ([]span, error) {
 		}
 	}
 	fixed := fixedCost(len(c.clientID), 0) + 2*11 // tier or count_as_hit
-	return split(op, len(hashes), fixed, func(i int) int { return bytesField(len(hashes[i])) })
+	return cutter{op: op, fixed: fixed}.cut(len(hashes), func(i int) entryCost { return entryCost{wire: bytesField(len(hashes[i]))} })
 }
 
 // ReportExternalKvBlocks reports hashes held on tier by this client. It
