@@ -53,42 +53,45 @@ func (k jobKind) String() string {
 	return "load"
 }
 
-// phase is where a job is in its life. Every change of phase is a method of
-// TransferJob below, made under the job's lock:
+// phase is where a job is in its life, and the source of its status: every
+// phase but ended is RUNNING. Every change of phase is a method of
+// TransferJob below, made under the job's lock, and these are all of them:
 //
-//	queued ──begin──▶ stream ──streamReady──▶ inFlight ──expire──▶ blocked
-//	   │                 │                      │  ▲                 │
-//	   │                 │                      │  └─────────────────┤
-//	   │                 │                      └──detach──▶ detached◀┘
-//	   └─cancel/fail─────┴──────────(every key has an outcome)───────▶ ended
+//	new ──submit──▶ queued ──begin──▶ stream ──streamReady──▶ inFlight ──expire──▶ blocked
+//	 │                │                 │ │                     │                    │
+//	 │                │           detach│ │                     └──detach──▶ detached◀┘
+//	 │                │                 ▼ │                                    │
+//	 │                │            orphaned                                    │
+//	 │                │                 │ │                                    │
+//	 └────────────────┴─────────────────┴─┴──────(every key has an outcome)─────┴──▶ ended
 //
+// new: made, not handed to the transfer goroutines; a job refused at once
+// (or whose every plan failed in planning) ends from here.
+// queued: handed to the transfer goroutines, not started; Cancel, a wait
+// that gives up, or a blocked transfer ahead of it end it unsent.
 // stream: waiting for the engine's GPU stream (AfterStream), nothing sent.
+// orphaned: waiting for the stream when the connection was replaced: it
+// fails having sent nothing once the stream gets there (streamReady).
 // inFlight: requests sent; the server may use the buffers until it answers.
 // blocked: in flight past the deadline; new transfers are refused while a
 // job is blocked on the handle's current connection.
 // detached: the transport failed under the transfer, or the connection was
 // replaced: the buffers stay in use until the old server process has exited
-// or answered, but the job holds nothing up on the new server. A job whose
-// connection is replaced while in stream stays there, marked replaced, and
-// fails having sent nothing once its stream gets there (streamReady).
+// or answered, but the job holds nothing up on the new server.
+// ended: every key has an outcome, or the job was cancelled; its buffers
+// are free.
 type phase uint8
 
 const (
-	phaseQueued phase = iota
+	phaseNew phase = iota
+	phaseQueued
 	phaseStream
+	phaseOrphaned
 	phaseInFlight
 	phaseBlocked
 	phaseDetached
 	phaseEnded
 )
-
-// jobOwner is what a job tells its worker handle of itself.
-type jobOwner interface {
-	// blockedDelta adds d to the count of the owner's blocked jobs.
-	blockedDelta(d int)
-	// jobEnded is called once, after the job has ended.
-	jobEnded(j *TransferJob)
-}
 
 // TransferJob is one asynchronous store or load of KV blocks, returned by a
 // [WorkerHandle]. Each plan (key) has its own outcome: one failed key never
@@ -99,22 +102,19 @@ type jobOwner interface {
 type TransferJob struct {
 	kind  jobKind
 	plans []BlockTransferPlan
-	owner jobOwner
+	set   *jobSet       // the handle's jobs, told of this one's transitions
 	where string        // the endpoint, for its errors
 	conn  *conn.Conn    // the connection it runs on; nil if refused at once
 	done  chan struct{} // closed when the job ends
 
 	mu        sync.Mutex
 	phase     phase
-	status    JobStatus
 	errs      []error  // each plan's error; nil on success or without an outcome
 	sizes     []uint64 // each plan's object size, once resolved (before it runs)
 	has       []bool   // which plans have an outcome
 	left      int      // plans without an outcome
 	cancelled error    // why a CANCELLED job was withdrawn
 	failure   error    // a FAILED job's error, built once as it ends
-	replaced  bool     // in stream when its connection was replaced
-	submitted bool     // handed to the transfer goroutines
 	deadline  time.Time
 	timer     *time.Timer // fires expire at the deadline
 	// drop releases what the transfer would have released had it run (an
@@ -124,17 +124,16 @@ type TransferJob struct {
 
 // newJob makes a job of plans, which it keeps: the caller must not change
 // them afterwards.
-func newJob(kind jobKind, plans []BlockTransferPlan, owner jobOwner, where string) *TransferJob {
+func newJob(kind jobKind, plans []BlockTransferPlan, set *jobSet, where string) *TransferJob {
 	return &TransferJob{
-		where:  where,
-		kind:   kind,
-		plans:  plans, // the job's own: Store and Load clone the caller's
-		owner:  owner,
-		done:   make(chan struct{}),
-		status: JobRunning,
-		errs:   make([]error, len(plans)),
-		has:    make([]bool, len(plans)),
-		left:   len(plans),
+		where: where,
+		kind:  kind,
+		plans: plans, // the job's own: Store and Load clone the caller's
+		set:   set,
+		done:  make(chan struct{}),
+		errs:  make([]error, len(plans)),
+		has:   make([]bool, len(plans)),
+		left:  len(plans),
 	}
 }
 
@@ -148,7 +147,20 @@ func (j *TransferJob) Status() JobStatus {
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return j.status
+	return j.statusLocked()
+}
+
+// statusLocked derives the status from the phase and the outcome.
+func (j *TransferJob) statusLocked() JobStatus {
+	switch {
+	case j.phase != phaseEnded:
+		return JobRunning
+	case j.cancelled != nil:
+		return JobCancelled
+	case j.failure != nil:
+		return JobFailed
+	}
+	return JobCompleted
 }
 
 // Done returns a channel closed when the job has ended (COMPLETED, FAILED or
@@ -235,7 +247,7 @@ func (j *TransferJob) KeyErr(i int) error {
 	if i < 0 || i >= len(j.errs) {
 		return nil
 	}
-	if j.status == JobCancelled {
+	if j.cancelled != nil {
 		return j.cancelled
 	}
 	return j.errs[i]
@@ -252,13 +264,10 @@ func (j *TransferJob) Err() error {
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	switch j.status {
-	case JobCancelled:
+	if j.cancelled != nil {
 		return j.cancelled
-	case JobFailed:
-		return j.failure
 	}
-	return nil
+	return j.failure // nil until it FAILED
 }
 
 // failureLocked builds a FAILED job's error from its key errors, merging
@@ -332,10 +341,8 @@ func (j *TransferJob) finishLocked() func() {
 	if j.phase == phaseEnded || j.left > 0 {
 		return func() {}
 	}
-	j.status = JobCompleted
 	for _, err := range j.errs {
 		if err != nil {
-			j.status = JobFailed
 			j.failure = j.failureLocked()
 			break
 		}
@@ -344,7 +351,7 @@ func (j *TransferJob) finishLocked() func() {
 }
 
 // endLocked moves the job to phaseEnded and returns what to run once the
-// lock is released: the owner's bookkeeping and, for a job that never
+// lock is released: telling the job's set, and, for a job that never
 // started, its drop.
 func (j *TransferJob) endLocked() func() {
 	was := j.phase
@@ -356,24 +363,27 @@ func (j *TransferJob) endLocked() func() {
 	if was == phaseQueued {
 		drop, j.drop = j.drop, nil
 	}
+	status, bytes := j.statusLocked(), j.bytesLocked()
 	close(j.done)
 	return func() {
-		if was == phaseBlocked {
-			j.owner.blockedDelta(-1)
-		}
 		if drop != nil {
 			drop()
 		}
-		j.owner.jobEnded(j)
+		j.set.ended(j, was, status, bytes)
 	}
 }
 
-// submit records that the job was handed to the transfer goroutines on c,
-// and what to release if it never starts.
-func (j *TransferJob) submit(c *conn.Conn, drop func()) {
+// submit moves a new job to queued: it was handed to the transfer
+// goroutines on c, with what to release if it never starts. It reports
+// false for a job that ended already.
+func (j *TransferJob) submit(c *conn.Conn, drop func()) bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	j.conn, j.submitted, j.drop = c, true, drop
+	if j.phase != phaseNew {
+		return false
+	}
+	j.phase, j.conn, j.drop = phaseQueued, c, drop
+	return true
 }
 
 // begin starts a queued transfer: its deadline is timeout from now. With
@@ -404,8 +414,8 @@ func (j *TransferJob) streamReady() error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	switch {
-	case j.phase != phaseStream || j.replaced:
-		return errReconnecting // its connection was replaced meanwhile
+	case j.phase != phaseStream:
+		return errReconnecting // orphaned: its connection was replaced meanwhile
 	case !time.Now().Before(j.deadline):
 		return errStreamLate
 	}
@@ -422,7 +432,7 @@ func (j *TransferJob) expire() {
 	}
 	j.mu.Unlock()
 	if blocked {
-		j.owner.blockedDelta(1)
+		j.set.blockedDelta(1)
 	}
 }
 
@@ -433,13 +443,13 @@ func (j *TransferJob) detach() {
 	was := j.phase
 	switch was {
 	case phaseStream:
-		j.replaced = true // it fails unsent once its stream gets there
+		j.phase = phaseOrphaned // it fails unsent once its stream gets there
 	case phaseInFlight, phaseBlocked:
 		j.phase = phaseDetached
 	}
 	j.mu.Unlock()
 	if was == phaseBlocked {
-		j.owner.blockedDelta(-1)
+		j.set.blockedDelta(-1)
 	}
 }
 
@@ -451,7 +461,6 @@ func (j *TransferJob) cancelQueued(reason string) bool {
 		j.mu.Unlock()
 		return false
 	}
-	j.status = JobCancelled
 	j.cancelled = fmt.Errorf("%w (%s)", ErrCancelled, reason)
 	fin := j.endLocked()
 	j.mu.Unlock()
@@ -486,17 +495,14 @@ func (j *TransferJob) connection() *conn.Conn {
 	return j.conn
 }
 
-// summary returns whether the job was submitted, its status, and the object
-// bytes of the keys that succeeded.
-func (j *TransferJob) summary() (submitted bool, status JobStatus, bytes uint64) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
+// bytesLocked returns the object bytes of the keys that succeeded.
+func (j *TransferJob) bytesLocked() (bytes uint64) {
 	for i, size := range j.sizes {
 		if j.has[i] && j.errs[i] == nil {
 			bytes += size
 		}
 	}
-	return j.submitted, j.status, bytes
+	return bytes
 }
 
 // hasOutcome reports whether plan i has an outcome.
@@ -591,7 +597,7 @@ func (j *TransferJob) wait(ctx context.Context, queuedFor time.Duration) error {
 			_, dl := j.state()
 			timer.Reset(time.Until(dl))
 			continue
-		case phaseStream:
+		case phaseStream, phaseOrphaned:
 			// It waits for the engine's stream, having sent nothing, and
 			// gives up at this same deadline: as not attempted.
 			select {

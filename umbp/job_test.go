@@ -3,21 +3,25 @@ package umbp
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 	"testing"
 	"time"
 )
 
-// nopOwner is a jobOwner that only counts blocked jobs.
-type nopOwner struct{ blocked atomic.Int64 }
+// newTestSet is a job set of its own for a test's jobs.
+func newTestSet() *jobSet { return newJobSet(&counters{}) }
 
-func (o *nopOwner) blockedDelta(d int)      { o.blocked.Add(int64(d)) }
-func (o *nopOwner) jobEnded(j *TransferJob) {}
+// queuedJob is a job handed to no transfer goroutine but queued, as submit
+// leaves it.
+func queuedJob(kind jobKind, plans []BlockTransferPlan, set *jobSet) *TransferJob {
+	j := newJob(kind, plans, set, "unix:///test.grpc.sock")
+	j.submit(nil, nil)
+	return j
+}
 
 // A job that starts just as the wait for a queued job runs out is waited
 // for until its own deadline, not reported blocked at once.
 func TestWaitStartedAsQueuedWaitEnds(t *testing.T) {
-	j := newJob(kindStore, []BlockTransferPlan{{Key: "k"}}, &nopOwner{}, "unix:///test.grpc.sock")
+	j := queuedJob(kindStore, []BlockTransferPlan{{Key: "k"}}, newTestSet())
 	if _, ok := j.begin(time.Hour, false); !ok {
 		t.Fatal("begin failed")
 	}
@@ -35,10 +39,19 @@ func TestWaitStartedAsQueuedWaitEnds(t *testing.T) {
 // The phases move as the state machine says, and the owner's blocked count
 // follows a job into and out of phaseBlocked.
 func TestJobPhases(t *testing.T) {
-	o := &nopOwner{}
+	o := newTestSet()
 	j := newJob(kindLoad, []BlockTransferPlan{{Key: "a"}, {Key: "b"}}, o, "unix:///test.grpc.sock")
-	if ph, _ := j.state(); ph != phaseQueued {
+	if ph, _ := j.state(); ph != phaseNew {
 		t.Fatalf("new job in phase %d", ph)
+	}
+	if _, ok := j.begin(time.Second, false); ok {
+		t.Fatal("a job never submitted began")
+	}
+	if !j.submit(nil, nil) || j.submit(nil, nil) {
+		t.Fatal("submit of a new job, then again: want true, then false")
+	}
+	if ph, _ := j.state(); ph != phaseQueued {
+		t.Fatalf("submitted job in phase %d", ph)
 	}
 	// A deadline already past: its timer and this expire race, once.
 	if _, ok := j.begin(-time.Second, false); !ok {
@@ -75,8 +88,8 @@ func TestJobPhases(t *testing.T) {
 // A wait that starts after the job did ends at the job's own deadline, not
 // a queue bound later.
 func TestWaitOfStartedJobEndsAtItsDeadline(t *testing.T) {
-	o := &nopOwner{}
-	j := newJob(kindLoad, []BlockTransferPlan{{Key: "k"}}, o, "unix:///test.grpc.sock")
+	o := newTestSet()
+	j := queuedJob(kindLoad, []BlockTransferPlan{{Key: "k"}}, o)
 	if _, ok := j.begin(50*time.Millisecond, false); !ok {
 		t.Fatal("begin failed")
 	}
@@ -85,7 +98,7 @@ func TestWaitOfStartedJobEndsAtItsDeadline(t *testing.T) {
 
 // waitsUntilBlocked checks that a wait for j (queuedFor its queued bound)
 // ends at j's deadline, with j blocked, and then ends j.
-func waitsUntilBlocked(t *testing.T, j *TransferJob, o *nopOwner, queuedFor time.Duration) {
+func waitsUntilBlocked(t *testing.T, j *TransferJob, o *jobSet, queuedFor time.Duration) {
 	t.Helper()
 	got := make(chan error, 1)
 	go func() { got <- j.wait(context.Background(), queuedFor) }()
@@ -106,8 +119,8 @@ func waitsUntilBlocked(t *testing.T, j *TransferJob, o *nopOwner, queuedFor time
 // A job that starts between the queued wait's end and its withdrawal is
 // waited for until its own deadline: the wait does not hang on it.
 func TestWaitForJobStartingAsItIsWithdrawn(t *testing.T) {
-	o := &nopOwner{}
-	j := newJob(kindLoad, []BlockTransferPlan{{Key: "k"}}, o, "unix:///test.grpc.sock")
+	o := newTestSet()
+	j := queuedJob(kindLoad, []BlockTransferPlan{{Key: "k"}}, o)
 	testHookQueuedWaitRanOut = func(j *TransferJob) {
 		if _, ok := j.begin(50*time.Millisecond, false); !ok {
 			t.Error("begin failed")
@@ -120,8 +133,8 @@ func TestWaitForJobStartingAsItIsWithdrawn(t *testing.T) {
 // A job whose stream gets there only after its deadline, or after its
 // connection was replaced, is not sent: streamReady says why.
 func TestStreamReadyLateOrReplaced(t *testing.T) {
-	o := &nopOwner{}
-	late := newJob(kindStore, []BlockTransferPlan{{Key: "late"}}, o, "unix:///test.grpc.sock")
+	o := newTestSet()
+	late := queuedJob(kindStore, []BlockTransferPlan{{Key: "late"}}, o)
 	if _, ok := late.begin(-time.Second, true); !ok {
 		t.Fatal("begin failed")
 	}
@@ -134,17 +147,20 @@ func TestStreamReadyLateOrReplaced(t *testing.T) {
 	}
 	late.failRest(nil)
 
-	moved := newJob(kindStore, []BlockTransferPlan{{Key: "moved"}}, o, "unix:///test.grpc.sock")
+	moved := queuedJob(kindStore, []BlockTransferPlan{{Key: "moved"}}, o)
 	if _, ok := moved.begin(time.Hour, true); !ok {
 		t.Fatal("begin failed")
 	}
 	moved.detach()
+	if ph, _ := moved.state(); ph != phaseOrphaned {
+		t.Fatalf("phase %d after its connection was replaced in stream, want orphaned", ph)
+	}
 	if err := moved.streamReady(); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("streamReady after the connection was replaced = %v, want ErrUnavailable", err)
 	}
 	moved.failRest(nil)
 
-	ok := newJob(kindStore, []BlockTransferPlan{{Key: "ok"}}, o, "unix:///test.grpc.sock")
+	ok := queuedJob(kindStore, []BlockTransferPlan{{Key: "ok"}}, o)
 	if _, ok := ok.begin(time.Hour, true); !ok {
 		t.Fatal("begin failed")
 	}
@@ -161,12 +177,11 @@ func TestStreamReadyLateOrReplaced(t *testing.T) {
 // and detaches the running ones: neither can later count as blocked on the
 // new server.
 func TestReplacedFailsQueuedAndDetachesRunning(t *testing.T) {
-	w := &WorkerHandle{inflight: map[*TransferJob]struct{}{}, timeout: time.Second}
-	queued := newJob(kindStore, []BlockTransferPlan{{Key: "q"}}, w, "unix:///test.grpc.sock")
-	running := newJob(kindLoad, []BlockTransferPlan{{Key: "r"}}, w, "unix:///test.grpc.sock")
-	queued.submit(nil, nil)
-	running.submit(nil, nil)
-	w.inflight[queued], w.inflight[running] = struct{}{}, struct{}{}
+	w := &WorkerHandle{jobs: newTestSet(), timeout: time.Second}
+	queued := queuedJob(kindStore, []BlockTransferPlan{{Key: "q"}}, w.jobs)
+	running := queuedJob(kindLoad, []BlockTransferPlan{{Key: "r"}}, w.jobs)
+	w.jobs.add(queued)
+	w.jobs.add(running)
 	if _, ok := running.begin(-time.Second, false); !ok {
 		t.Fatal("begin failed")
 	}
@@ -178,8 +193,8 @@ func TestReplacedFailsQueuedAndDetachesRunning(t *testing.T) {
 		t.Fatalf("queued job's error %v, want not attempted and unavailable", queued.Err())
 	}
 	running.expire()
-	if ph, _ := running.state(); ph != phaseDetached || w.blocked.Load() != 0 {
-		t.Fatalf("running job in phase %d with %d blocked; want detached, none", ph, w.blocked.Load())
+	if ph, _ := running.state(); ph != phaseDetached || w.jobs.blocked.Load() != 0 {
+		t.Fatalf("running job in phase %d with %d blocked; want detached, none", ph, w.jobs.blocked.Load())
 	}
 	running.failRest(nil)
 }

@@ -39,7 +39,7 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 	for _, opt := range opts {
 		opt(&o)
 	}
-	job := newJob(kind, plans, w, w.address)
+	job := newJob(kind, plans, w.jobs, w.address)
 	for i, err := range bad {
 		if err != nil {
 			job.setOutcome(i, notAttempted(err))
@@ -61,7 +61,7 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 		job.failRest(notAttempted(err))
 		return job
 	}
-	if n := w.blocked.Load(); n > 0 {
+	if n := w.jobs.blocked.Load(); n > 0 {
 		w.refuseBlocked(job, n)
 		return job
 	}
@@ -104,11 +104,7 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 		return job // every plan failed already
 	}
 	job.submit(c, drop)
-	// In the set before it can run, and so before it can end.
-	w.jobsMu.Lock()
-	w.inflight[job] = struct{}{}
-	w.jobsMu.Unlock()
-	w.stats.submitted.Add(1) // before it can run, and so before it can end
+	w.jobs.add(job) // before it can run, and so before it can end
 	if err := w.pool.Go(func() {
 		if w.run(job, tr, items, barrier) {
 			rangeSlabs.Put(slab) // no item is used any more

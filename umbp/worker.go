@@ -9,7 +9,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
@@ -41,7 +40,7 @@ type WorkerHandle struct {
 	refusals logLimiter
 	failures logLimiter
 	stats    counters
-	blocked  atomic.Int64 // jobs in phaseBlocked
+	jobs     *jobSet // submitted and not yet ended
 
 	// regSem (a mutex that honours contexts) orders registrations with the
 	// re-registration that follows a server restart, and with Close, so
@@ -53,11 +52,6 @@ type WorkerHandle struct {
 	regions []*memRegion      // sorted by base
 	named   map[string]Buffer // each registered buffer, by name
 	closed  bool
-
-	// jobsMu guards inflight, the jobs submitted and not yet ended. It is
-	// taken alone, or inside mu, never the other way.
-	jobsMu   sync.Mutex
-	inflight map[*TransferJob]struct{}
 }
 
 // memRegion is one registered allocation.
@@ -91,13 +85,12 @@ func (r *StandaloneRuntime) NewWorkerHandle(ctx context.Context, namespace strin
 		planner = p
 	}
 	w := &WorkerHandle{
-		address:  r.cfg.Endpoint,
-		log:      r.cfg.Logger,
-		timeout:  r.cfg.Timeout,
-		planner:  planner,
-		inflight: map[*TransferJob]struct{}{},
-		named:    map[string]Buffer{},
-		regSem:   make(chan struct{}, 1),
+		address: r.cfg.Endpoint,
+		log:     r.cfg.Logger,
+		timeout: r.cfg.Timeout,
+		planner: planner,
+		named:   map[string]Buffer{},
+		regSem:  make(chan struct{}, 1),
 	}
 	pool, err := daemonpool.New(r.cfg.NumWorkers, "umbp-standalone-transfer", func(err error) {
 		w.log.Error("UMBP standalone transfer goroutine panicked; its job failed", "endpoint", w.address, "err", err)
@@ -106,6 +99,7 @@ func (r *StandaloneRuntime) NewWorkerHandle(ctx context.Context, namespace strin
 		return nil, err
 	}
 	w.pool = pool
+	w.jobs = newJobSet(&w.stats)
 	w.staging = &stagingPool{reg: w, timeout: w.timeout}
 	l, err := newLink(ctx, r, w.reregister, w.replaced)
 	if err != nil {
@@ -167,14 +161,7 @@ func (w *WorkerHandle) leave(old *conn.Conn) []*TransferJob {
 	// Under w.mu: a submit that read the old connection has queued its job
 	// by now, and a later one reads the new connection.
 	w.mu.Lock()
-	w.jobsMu.Lock()
-	var on []*TransferJob
-	for j := range w.inflight {
-		if j.connection() == old {
-			on = append(on, j)
-		}
-	}
-	w.jobsMu.Unlock()
+	on := w.jobs.on(old)
 	w.mu.Unlock()
 	for _, j := range on {
 		if !j.failQueued(errReconnecting) {
@@ -191,7 +178,7 @@ func (w *WorkerHandle) State() HandleState { return HandleState(w.link.state.Loa
 func (w *WorkerHandle) Stats() Stats {
 	s := Stats{State: w.State(), Capabilities: w.link.capabilities(), Reconnects: w.link.reconnects.Load()}
 	w.stats.fill(&s)
-	s.TransfersBlocked = int(w.blocked.Load())
+	s.TransfersBlocked = int(w.jobs.blocked.Load())
 	return s
 }
 
@@ -455,7 +442,7 @@ func (w *WorkerHandle) Poll(job *TransferJob) bool {
 	if job == nil || job.ended() {
 		return true
 	}
-	return w.blocked.Load() > 0 && job.failQueued(errQueuedBehind)
+	return w.jobs.blocked.Load() > 0 && job.failQueued(errQueuedBehind)
 }
 
 // Wait waits for the job to end, at most until the running job's deadline
@@ -508,33 +495,6 @@ func (w *WorkerHandle) Publish(job *TransferJob) error {
 	}
 }
 
-// blockedDelta counts a job entering (+1) or leaving (-1) the blocked phase.
-func (w *WorkerHandle) blockedDelta(d int) { w.blocked.Add(int64(d)) }
-
-// jobEnded forgets an ended job and counts it.
-func (w *WorkerHandle) jobEnded(job *TransferJob) {
-	w.jobsMu.Lock()
-	delete(w.inflight, job)
-	w.jobsMu.Unlock()
-	submitted, status, n := job.summary()
-	switch {
-	case !submitted:
-		if status != JobCompleted { // a job of no plans completes unsubmitted
-			w.stats.refused.Add(1)
-		}
-		return
-	case status == JobCompleted:
-		w.stats.completed.Add(1)
-	default:
-		w.stats.failed.Add(1)
-	}
-	if job.kind == kindStore {
-		w.stats.bytesStored.Add(n)
-	} else {
-		w.stats.bytesLoaded.Add(n)
-	}
-}
-
 func (w *WorkerHandle) isClosed() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -571,12 +531,7 @@ func (w *WorkerHandle) Close() error {
 	}
 	regCancel()
 	w.pool.Shutdown()
-	w.jobsMu.Lock()
-	jobs := make([]*TransferJob, 0, len(w.inflight))
-	for j := range w.inflight {
-		jobs = append(jobs, j)
-	}
-	w.jobsMu.Unlock()
+	jobs := w.jobs.on(nil)
 	c := w.link.conn()
 
 	now := time.Now()
