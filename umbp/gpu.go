@@ -111,7 +111,7 @@ func (w *WorkerHandle) registerGPU(ctx context.Context, c *conn.Conn, name strin
 		return fmt.Errorf("IPC handle of the allocation %#x on device %d: %w", allocBase, dev, err)
 	}
 	g := &gpuAlloc{device: dev, allocBase: allocBase, allocSize: allocSize, handle: handle}
-	if w.addGPUName(name, g, false) {
+	if w.regions.addGPUName(name, g, false) {
 		return nil
 	}
 	// A new allocation, or one that replaced a registered allocation at the
@@ -123,34 +123,11 @@ func (w *WorkerHandle) registerGPU(ctx context.Context, c *conn.Conn, name strin
 		}
 		return fmt.Errorf("register the allocation %#x (%d bytes) on device %d: %w", allocBase, allocSize, dev, err)
 	}
-	if w.addGPUName(name, g, true) {
+	if w.regions.addGPUName(name, g, true) {
 		return nil
 	}
-	w.addRegion(&memRegion{names: []string{name}, base: allocBase, size: allocSize, loc: LocationGPU, gpu: g})
+	w.regions.add(&memRegion{names: []string{name}, base: allocBase, size: allocSize, loc: LocationGPU, gpu: g})
 	return nil
-}
-
-// addGPUName adds name to the region of the allocation g describes if this
-// handle registered it, and reports whether it did. With replace, a region
-// at the same device and address takes g (the server has replaced it);
-// without, only a region of that very allocation (same handle and size)
-// counts.
-func (w *WorkerHandle) addGPUName(name string, g *gpuAlloc, replace bool) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, r := range w.regions {
-		if r.gpu == nil || r.gpu.device != g.device || r.gpu.allocBase != g.allocBase {
-			continue
-		}
-		if replace {
-			r.gpu, r.size = g, g.allocSize
-		} else if r.gpu.handle != g.handle || r.gpu.allocSize != g.allocSize {
-			return false
-		}
-		r.names = append(r.names, name)
-		return true
-	}
-	return false
 }
 
 // streamDep is an AfterStream dependency.

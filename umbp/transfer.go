@@ -96,7 +96,7 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 		return refuse(err)
 	}
 	tr := w.transport(c)
-	items, slab := w.resolvePlansLocked(job, tr.ranged())
+	items, slab := w.resolvePlans(job, tr.ranged())
 	if len(items) == 0 {
 		if drop != nil {
 			drop()
@@ -124,10 +124,13 @@ func (w *WorkerHandle) refuseBlocked(job *TransferJob, n int64) {
 	}
 }
 
-// resolvePlansLocked validates each plan and maps its ranges into registered
-// regions. Plans that fail get their outcome now; the rest are returned.
-// Every item's ranges lie in one slab, taken from rangeSlabs. w.mu is held.
-func (w *WorkerHandle) resolvePlansLocked(job *TransferJob, ranged bool) ([]item, []conn.Range) {
+// resolvePlans validates each plan and maps its ranges into registered
+// regions, under the regions' lock. Plans that fail get their outcome now;
+// the rest are returned. Every item's ranges lie in one slab, taken from
+// rangeSlabs.
+func (w *WorkerHandle) resolvePlans(job *TransferJob, ranged bool) ([]item, []conn.Range) {
+	w.regions.mu.Lock()
+	defer w.regions.mu.Unlock()
 	items := make([]item, 0, len(job.plans))
 	n := 0
 	for i := range job.plans {
@@ -155,7 +158,7 @@ func (w *WorkerHandle) resolvePlansLocked(job *TransferJob, ranged bool) ([]item
 		for k, r := range p.Ranges {
 			reg := last // a plan's ranges mostly lie in the region of the one before
 			if reg == nil || !reg.contains(r.BaseAddress, r.Length) {
-				reg = w.resolveLocked(r.BaseAddress, r.Length)
+				reg = w.regions.findLocked(r.BaseAddress, r.Length)
 				last = reg
 			}
 			if reg == nil {

@@ -42,30 +42,11 @@ type WorkerHandle struct {
 	stats    counters
 	jobs     *jobSet // submitted and not yet ended
 
-	// regSem (a mutex that honours contexts) orders registrations with the
-	// re-registration that follows a server restart, and with Close, so
-	// that no region is registered with one server only or after Close.
-	regSem chan struct{}
+	regions  *regionSet
 
-	mu      sync.Mutex
-	tr      transport         // the current connection's, made once for it
-	regions []*memRegion      // sorted by base
-	named   map[string]Buffer // each registered buffer, by name
-	closed  bool
-}
-
-// memRegion is one registered allocation.
-type memRegion struct {
-	names []string // the buffers registered in it
-	base  uintptr
-	size  uint64
-	loc   MemoryLocation
-	host  *HostBuffer // host memory
-	gpu   *gpuAlloc   // GPU memory
-}
-
-func (r *memRegion) contains(addr uintptr, n uint64) bool {
-	return addr >= r.base && uint64(addr-r.base) <= r.size && n <= r.size-uint64(addr-r.base)
+	mu     sync.Mutex // orders submissions with a connection's replacement, and with Close
+	tr     transport  // the current connection's, made once for it
+	closed bool
 }
 
 // NewWorkerHandle attaches a worker handle to the server, waiting at most
@@ -89,8 +70,7 @@ func (r *StandaloneRuntime) NewWorkerHandle(ctx context.Context, namespace strin
 		log:     r.cfg.Logger,
 		timeout: r.cfg.Timeout,
 		planner: planner,
-		named:   map[string]Buffer{},
-		regSem:  make(chan struct{}, 1),
+		regions: newRegionSet(),
 	}
 	pool, err := daemonpool.New(r.cfg.NumWorkers, "umbp-standalone-transfer", func(err error) {
 		w.log.Error("UMBP standalone transfer goroutine panicked; its job failed", "endpoint", w.address, "err", err)
@@ -115,14 +95,11 @@ func (r *StandaloneRuntime) NewWorkerHandle(ctx context.Context, namespace strin
 // reregister registers every region of the handle with the server behind
 // c: the attach hook of the handle's link, run after a server restart.
 func (w *WorkerHandle) reregister(ctx context.Context, c *conn.Conn) error {
-	if err := w.lockReg(ctx); err != nil {
+	if err := w.regions.lockReg(ctx); err != nil {
 		return err
 	}
-	defer w.unlockReg()
-	w.mu.Lock()
-	regions := slices.Clone(w.regions)
-	w.mu.Unlock()
-	for _, r := range regions {
+	defer w.regions.unlockReg()
+	for _, r := range w.regions.all() {
 		var err error
 		switch {
 		case r.host != nil:
@@ -234,12 +211,12 @@ func (w *WorkerHandle) registerBuffer(ctx context.Context, name string, b Buffer
 			return fmt.Errorf("%w: host memory at %#x (%d bytes) does not lie in a HostBuffer: the server can only map memfd-backed memory from NewHostBuffer", ErrInvalidBuffer, b.Ptr, b.Size)
 		}
 	}
-	fresh, err := w.claimName(name, b)
+	fresh, err := w.regions.claim(name, b)
 	if err != nil || !fresh {
 		return err
 	}
 	if err := w.registerClaimed(ctx, name, b, hb); err != nil {
-		w.unclaimName(name)
+		w.regions.unclaim(name)
 		return err
 	}
 	return nil
@@ -251,10 +228,10 @@ func (w *WorkerHandle) registerClaimed(ctx context.Context, name string, b Buffe
 	if _, err := w.link.current(); err != nil { // fail fast while reconnecting
 		return err
 	}
-	if err := w.lockReg(ctx); err != nil {
+	if err := w.regions.lockReg(ctx); err != nil {
 		return err
 	}
-	defer w.unlockReg()
+	defer w.regions.unlockReg()
 	if w.isClosed() {
 		return ErrClosed
 	}
@@ -265,15 +242,9 @@ func (w *WorkerHandle) registerClaimed(ctx context.Context, name string, b Buffe
 	if hb == nil {
 		return w.registerGPU(ctx, c, name, b)
 	}
-	w.mu.Lock()
-	for _, r := range w.regions {
-		if r.host == hb {
-			r.names = append(r.names, name)
-			w.mu.Unlock()
-			return nil
-		}
+	if w.regions.addHostName(name, hb) {
+		return nil
 	}
-	w.mu.Unlock()
 	if err := hb.acquire(); err != nil {
 		return err
 	}
@@ -281,7 +252,7 @@ func (w *WorkerHandle) registerClaimed(ctx context.Context, name string, b Buffe
 		hb.release()
 		return err
 	}
-	w.addRegion(&memRegion{names: []string{name}, base: hb.base(), size: hb.mappedSize(), loc: LocationHost, host: hb})
+	w.regions.add(&memRegion{names: []string{name}, base: hb.base(), size: hb.mappedSize(), loc: LocationHost, host: hb})
 	return nil
 }
 
@@ -290,10 +261,10 @@ func (w *WorkerHandle) registerClaimed(ctx context.Context, name string, b Buffe
 // and then with every later one, so that a transfer still on a replaced
 // connection gets none.
 func (w *WorkerHandle) registerStaging(ctx context.Context, c *conn.Conn, b *HostBuffer, name string) error {
-	if err := w.lockReg(ctx); err != nil {
+	if err := w.regions.lockReg(ctx); err != nil {
 		return err
 	}
-	defer w.unlockReg()
+	defer w.regions.unlockReg()
 	if w.isClosed() {
 		return ErrClosed
 	}
@@ -303,68 +274,7 @@ func (w *WorkerHandle) registerStaging(ctx context.Context, c *conn.Conn, b *Hos
 	if err := c.RegisterHost(ctx, b.fd, b.base(), b.mappedSize()); err != nil {
 		return fmt.Errorf("register: %w", err)
 	}
-	w.addRegion(&memRegion{names: []string{name}, base: b.base(), size: b.mappedSize(), loc: LocationHost, host: b})
-	return nil
-}
-
-// claimName records that name registers b, and reports whether that is
-// new. The same name and memory again is accepted and changes nothing; a
-// name already given to other memory, or memory already registered under
-// another name, is refused. (Buffers may overlap: a whole KV cache and a
-// layer of it, say.)
-func (w *WorkerHandle) claimName(name string, b Buffer) (fresh bool, err error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if prev, ok := w.named[name]; ok {
-		if prev.Ptr != b.Ptr || prev.Size != b.Size {
-			return false, fmt.Errorf("%w: the name is already registered for %d bytes at %#x", ErrInvalidBuffer, prev.Size, prev.Ptr)
-		}
-		return false, nil
-	}
-	for other, o := range w.named {
-		if o.Ptr == b.Ptr && o.Size == b.Size {
-			return false, fmt.Errorf("%w: the same %d bytes at %#x are already registered as %q", ErrInvalidBuffer, b.Size, b.Ptr, other)
-		}
-	}
-	w.named[name] = b
-	return true, nil
-}
-
-// unclaimName forgets a name whose registration failed.
-func (w *WorkerHandle) unclaimName(name string) {
-	w.mu.Lock()
-	delete(w.named, name)
-	w.mu.Unlock()
-}
-
-// lockReg takes the registration lock, or gives up when ctx ends.
-func (w *WorkerHandle) lockReg(ctx context.Context) error {
-	select {
-	case w.regSem <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("waiting for another registration: %w", ctx.Err())
-	}
-}
-
-func (w *WorkerHandle) unlockReg() { <-w.regSem }
-
-func (w *WorkerHandle) addRegion(r *memRegion) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	i := sort.Search(len(w.regions), func(i int) bool { return w.regions[i].base > r.base })
-	w.regions = slices.Insert(w.regions, i, r)
-}
-
-// resolveLocked finds the registered region that holds [addr, addr+n).
-func (w *WorkerHandle) resolveLocked(addr uintptr, n uint64) *memRegion {
-	i := sort.Search(len(w.regions), func(i int) bool { return w.regions[i].base > addr })
-	if i == 0 {
-		return nil
-	}
-	if r := w.regions[i-1]; r.contains(addr, n) {
-		return r
-	}
+	w.regions.add(&memRegion{names: []string{name}, base: b.base(), size: b.mappedSize(), loc: LocationHost, host: b})
 	return nil
 }
 
@@ -526,8 +436,8 @@ func (w *WorkerHandle) Close() error {
 	// A registration under way finishes (within Timeout) before the regions
 	// are taken; later ones see the handle closed.
 	regCtx, regCancel := context.WithTimeout(context.Background(), w.timeout)
-	if err := w.lockReg(regCtx); err == nil {
-		w.unlockReg() // every later holder sees the handle closed
+	if err := w.regions.lockReg(regCtx); err == nil {
+		w.regions.unlockReg() // every later holder sees the handle closed
 	}
 	regCancel()
 	w.pool.Shutdown()
@@ -593,10 +503,7 @@ func (w *WorkerHandle) Close() error {
 		}()
 		return err
 	}
-	w.mu.Lock()
-	regions := w.regions
-	w.regions = nil
-	w.mu.Unlock()
+	regions := w.regions.take()
 	for _, r := range regions {
 		if r.host != nil {
 			r.host.release()
@@ -623,10 +530,7 @@ func (w *WorkerHandle) release(c *conn.Conn) {
 // must not be freed until reclaim gives them back. It returns them, and
 // Close's error naming them.
 func (w *WorkerHandle) abandon(reason string) ([]*memRegion, error) {
-	w.mu.Lock()
-	regions := w.regions
-	w.regions = nil
-	w.mu.Unlock()
+	regions := w.regions.take()
 	var names []string
 	for _, r := range regions {
 		names = append(names, r.names...)

@@ -1,0 +1,157 @@
+package umbp
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+)
+
+// memRegion is one registered allocation: a HostBuffer's mapping, or a
+// whole GPU allocation.
+type memRegion struct {
+	names []string // the buffers registered in it
+	base  uintptr
+	size  uint64
+	loc   MemoryLocation
+	host  *HostBuffer // host memory
+	gpu   *gpuAlloc   // GPU memory
+}
+
+func (r *memRegion) contains(addr uintptr, n uint64) bool {
+	return addr >= r.base && uint64(addr-r.base) <= r.size && n <= r.size-uint64(addr-r.base)
+}
+
+// regionSet is a worker handle's registered memory: its regions, sorted by
+// base, and the buffers registered in them by name, under its own lock.
+// Its registration lock (a mutex that honours contexts) orders
+// registrations with the re-registration that follows a server restart,
+// and with Close, so that no region is registered with one server only or
+// after Close.
+type regionSet struct {
+	sem chan struct{} // the registration lock
+
+	mu    sync.Mutex
+	list  []*memRegion      // sorted by base
+	named map[string]Buffer // each registered buffer, by name
+}
+
+func newRegionSet() *regionSet {
+	return &regionSet{sem: make(chan struct{}, 1), named: map[string]Buffer{}}
+}
+
+// lockReg takes the registration lock, or gives up when ctx ends.
+func (s *regionSet) lockReg(ctx context.Context) error {
+	select {
+	case s.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for another registration: %w", ctx.Err())
+	}
+}
+
+func (s *regionSet) unlockReg() { <-s.sem }
+
+// claim records that name registers b, and reports whether that is new.
+// The same name and memory again is accepted and changes nothing; a name
+// already given to other memory, or memory already registered under another
+// name, is refused. (Buffers may overlap: a whole KV cache and a layer of
+// it, say.)
+func (s *regionSet) claim(name string, b Buffer) (fresh bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if prev, ok := s.named[name]; ok {
+		if prev.Ptr != b.Ptr || prev.Size != b.Size {
+			return false, fmt.Errorf("%w: the name is already registered for %d bytes at %#x", ErrInvalidBuffer, prev.Size, prev.Ptr)
+		}
+		return false, nil
+	}
+	for other, o := range s.named {
+		if o.Ptr == b.Ptr && o.Size == b.Size {
+			return false, fmt.Errorf("%w: the same %d bytes at %#x are already registered as %q", ErrInvalidBuffer, b.Size, b.Ptr, other)
+		}
+	}
+	s.named[name] = b
+	return true, nil
+}
+
+// unclaim forgets a name whose registration failed.
+func (s *regionSet) unclaim(name string) {
+	s.mu.Lock()
+	delete(s.named, name)
+	s.mu.Unlock()
+}
+
+// add inserts a newly registered region.
+func (s *regionSet) add(r *memRegion) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i := sort.Search(len(s.list), func(i int) bool { return s.list[i].base > r.base })
+	s.list = slices.Insert(s.list, i, r)
+}
+
+// addHostName adds name to the region of hb if there is one, and reports
+// whether there was.
+func (s *regionSet) addHostName(name string, hb *HostBuffer) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.list {
+		if r.host == hb {
+			r.names = append(r.names, name)
+			return true
+		}
+	}
+	return false
+}
+
+// addGPUName adds name to the region of the allocation g describes if it
+// is registered, and reports whether it was. With replace, a region at the
+// same device and address takes g (the server has replaced it); without,
+// only a region of that very allocation (same handle and size) counts.
+func (s *regionSet) addGPUName(name string, g *gpuAlloc, replace bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.list {
+		if r.gpu == nil || r.gpu.device != g.device || r.gpu.allocBase != g.allocBase {
+			continue
+		}
+		if replace {
+			r.gpu, r.size = g, g.allocSize
+		} else if r.gpu.handle != g.handle || r.gpu.allocSize != g.allocSize {
+			return false
+		}
+		r.names = append(r.names, name)
+		return true
+	}
+	return false
+}
+
+// all returns the regions, in order.
+func (s *regionSet) all() []*memRegion {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.list)
+}
+
+// take returns the regions and leaves none: the handle is releasing them.
+func (s *regionSet) take() []*memRegion {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	list := s.list
+	s.list = nil
+	return list
+}
+
+// findLocked returns the region that holds [addr, addr+n), or nil; s.mu is
+// held.
+func (s *regionSet) findLocked(addr uintptr, n uint64) *memRegion {
+	i := sort.Search(len(s.list), func(i int) bool { return s.list[i].base > addr })
+	if i == 0 {
+		return nil
+	}
+	if r := s.list[i-1]; r.contains(addr, n) {
+		return r
+	}
+	return nil
+}
