@@ -64,7 +64,7 @@ func blockEncoding(t *testing.T, h *Hasher, bs int, tokens []int32, extra ExtraK
 		t.Fatal(err)
 	}
 	c.Append(tokens[:i*bs])
-	c.extraKeys(i*bs, (i+1)*bs)
+	c.extraKeys(i*bs, (i+1)*bs, false)
 	if h.alg.usesCBOR() {
 		return bytes.Clone(c.encodeCBOR(c.parent(), tokens[i*bs:(i+1)*bs]))
 	}
