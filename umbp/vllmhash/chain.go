@@ -168,9 +168,10 @@ func (c *Chain) Append(tokens []int32) {
 // block, completed when the prompt is shorter than a block, is hashed as a
 // prompt's. LoRA name and cache salt are as for the prompt. AppendGenerated
 // hashes each token as such an append, so the tokens may be given one at a
-// time or many at once. vLLM releases that pick a block's items by its
-// window on every path (vLLM PR 51694, after 0.22) hash generated blocks
-// as prompt blocks: for them, use Append for the generated tokens too.
+// time or many at once. A later change to vLLM (pull request 51694,
+// proposed after 0.22) picks a block's items by its token window on this
+// path too, so that generated blocks hash as prompt blocks; for an engine
+// with it, Append the generated tokens as well.
 func (c *Chain) AppendGenerated(tokens ...int32) int {
 	if c.blockSize <= 0 {
 		panic("vllmhash: AppendGenerated on a chain whose Reset failed")

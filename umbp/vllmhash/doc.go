@@ -17,8 +17,9 @@
 //
 // A request's prompt is hashed when vLLM creates the request; each token it
 // generates is then appended and hashes the block it completes, through
-// vLLM's request block hasher, which for every block but the first looks
-// at the last multimodal item only (see [Chain.AppendGenerated]).
+// vLLM's request block hasher, which in vLLM 0.22 looks at the last
+// multimodal item only for every block but the first (see
+// [Chain.AppendGenerated]).
 //
 // The recipe is vLLM v1's (vllm/v1/core/kv_cache_utils.py hash_block_tokens,
 // generate_block_hash_extra_keys, get_request_block_hasher and
