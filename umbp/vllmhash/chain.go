@@ -6,9 +6,10 @@ import (
 )
 
 // Chain hashes one request's tokens block by block, as vLLM fills
-// Request.block_hashes: Append any number of tokens, and every block they
-// complete is hashed onto the chain. Once its buffers have grown, a Chain
-// allocates nothing; [Chain.Reset] reuses them for another request.
+// Request.block_hashes: [Chain.Append] the prompt's tokens, in any pieces,
+// then [Chain.AppendGenerated] the tokens the engine generates; every block
+// they complete is hashed onto the chain. Once its buffers have grown, a
+// Chain allocates nothing; [Chain.Reset] reuses them for another request.
 //
 // A Chain is not safe for concurrent use.
 type Chain struct {
@@ -19,6 +20,7 @@ type Chain struct {
 	pending   []int32 // tokens of the partial block
 	tokens    int     // tokens appended, pending ones included
 	mmNext    int     // vLLM's curr_mm_idx: the first item a block may overlap
+	generated bool    // AppendGenerated was called since Reset
 
 	pickle pickler
 	cbuf   bytes.Buffer
@@ -78,7 +80,7 @@ func (h *Hasher) NewChain(blockSize int, extra ExtraKeys) (*Chain, error) {
 // its buffers. Its errors are NewChain's; after an error the chain is
 // empty and must be Reset again before use.
 func (c *Chain) Reset(blockSize int, extra ExtraKeys) error {
-	c.hashes, c.pending, c.tokens, c.mmNext = c.hashes[:0], c.pending[:0], 0, 0
+	c.hashes, c.pending, c.tokens, c.mmNext, c.generated = c.hashes[:0], c.pending[:0], 0, 0, false
 	c.blockSize = 0
 	if blockSize <= 0 {
 		return fmt.Errorf("%w: block size %d", ErrInvalid, blockSize)
@@ -121,14 +123,20 @@ func (c *Chain) Hash(i int) []byte {
 	return c.hashes[i*size : (i+1)*size : (i+1)*size]
 }
 
-// Append adds tokens to the request and hashes every block they complete.
+// Append adds prompt tokens to the request and hashes every block they
+// complete, as vLLM hashes a prompt when it creates the request: pieces
+// hash as the whole prompt would. It panics after [Chain.AppendGenerated]:
+// a request's prompt comes before the tokens generated for it.
 func (c *Chain) Append(tokens []int32) {
 	if c.blockSize <= 0 {
 		panic("vllmhash: Append on a chain whose Reset failed")
 	}
+	if c.generated {
+		panic("vllmhash: Append (prompt tokens) after AppendGenerated")
+	}
 	for len(tokens) > 0 {
 		if len(c.pending) == 0 && len(tokens) >= c.blockSize {
-			c.hashBlock(tokens[:c.blockSize])
+			c.hashBlock(tokens[:c.blockSize], false)
 			tokens = tokens[c.blockSize:]
 			c.tokens += c.blockSize
 			continue
@@ -138,10 +146,50 @@ func (c *Chain) Append(tokens []int32) {
 		tokens = tokens[n:]
 		c.tokens += n
 		if len(c.pending) == c.blockSize {
-			c.hashBlock(c.pending)
+			c.hashBlock(c.pending, false)
 			c.pending = c.pending[:0]
 		}
 	}
+}
+
+// AppendGenerated adds tokens the engine generated for the request, after
+// its prompt, and hashes every block they complete; it returns how many,
+// which are the last ones: Hash(Len()-n) to Hash(Len()-1).
+//
+// vLLM's scheduler appends generated tokens one at a time
+// (Request.append_output_token_ids, speculative tokens included), and
+// each append hashes the block it completes with its request block hasher
+// (kv_cache_utils.get_request_block_hasher), which looks at the request's
+// multimodal items differently than the prompt's hashing does: for a block
+// other than the request's first, it starts from the last item
+// (curr_mm_idx -1), so such a block's extra keys hold the last multimodal
+// item if the block overlaps it and no other item, where the same tokens
+// hashed as a prompt would list every item the block overlaps. The first
+// block, completed when the prompt is shorter than a block, is hashed as a
+// prompt's. LoRA name and cache salt are as for the prompt. AppendGenerated
+// hashes each token as such an append, so the tokens may be given one at a
+// time or many at once. A later change to vLLM (pull request 51694,
+// proposed after 0.22) picks a block's items by its token window on this
+// path too, so that generated blocks hash as prompt blocks; for an engine
+// with it, Append the generated tokens as well.
+func (c *Chain) AppendGenerated(tokens ...int32) int {
+	if c.blockSize <= 0 {
+		panic("vllmhash: AppendGenerated on a chain whose Reset failed")
+	}
+	c.generated = true
+	n := 0
+	for len(tokens) > 0 {
+		k := min(c.blockSize-len(c.pending), len(tokens))
+		c.pending = append(c.pending, tokens[:k]...)
+		tokens = tokens[k:]
+		c.tokens += k
+		if len(c.pending) == c.blockSize {
+			c.hashBlock(c.pending, true)
+			c.pending = c.pending[:0]
+			n++
+		}
+	}
+	return n
 }
 
 // parent returns the hash the next block chains to.
@@ -155,37 +203,49 @@ func (c *Chain) parent() []byte {
 // extraKeys fills c.items with the extra keys of the block of tokens
 // [start, end), as vLLM's generate_block_hash_extra_keys: the LoRA name, the
 // multimodal items the block overlaps with their offset relative to the
-// block's start, then the cache salt on the first block.
-func (c *Chain) extraKeys(start, end int) {
+// block's start, then the cache salt on the first block. A block that
+// generated tokens completed (lastItem, start > 0) looks at the last
+// multimodal item only; see AppendGenerated.
+func (c *Chain) extraKeys(start, end int, lastItem bool) {
 	c.items = c.items[:0]
 	if c.extra.LoRAName != "" {
 		c.items = append(c.items, extraItem{kind: itemLoRA, str: c.extra.LoRAName})
 	}
 	mm := c.extra.Multimodal
-	for c.mmNext < len(mm) {
-		it := mm[c.mmNext]
-		if end <= it.Offset {
-			break // the block has not reached this item
+	if lastItem && start > 0 {
+		// vLLM's scan from index -1: the last item, if the block has
+		// reached it and not passed it.
+		if n := len(mm); n > 0 && end > mm[n-1].Offset && start < mm[n-1].Offset+mm[n-1].Length {
+			it := mm[n-1]
+			c.items = append(c.items, extraItem{kind: itemPair, str: it.Identifier, offset: it.Offset - start})
 		}
-		if start >= it.Offset+it.Length {
-			c.mmNext++ // the block is past this item
-			continue
+	} else {
+		for c.mmNext < len(mm) {
+			it := mm[c.mmNext]
+			if end <= it.Offset {
+				break // the block has not reached this item
+			}
+			if start >= it.Offset+it.Length {
+				c.mmNext++ // the block is past this item
+				continue
+			}
+			c.items = append(c.items, extraItem{kind: itemPair, str: it.Identifier, offset: it.Offset - start})
+			if end < it.Offset+it.Length {
+				break // the item goes on into the next block
+			}
+			c.mmNext++
 		}
-		c.items = append(c.items, extraItem{kind: itemPair, str: it.Identifier, offset: it.Offset - start})
-		if end < it.Offset+it.Length {
-			break // the item goes on into the next block
-		}
-		c.mmNext++
 	}
 	if start == 0 && c.extra.CacheSalt != "" {
 		c.items = append(c.items, extraItem{kind: itemSalt, str: c.extra.CacheSalt})
 	}
 }
 
-// hashBlock hashes the next block, whose tokens are given, onto the chain.
-func (c *Chain) hashBlock(tokens []int32) {
+// hashBlock hashes the next block, whose tokens are given, onto the chain;
+// generated says generated tokens completed it.
+func (c *Chain) hashBlock(tokens []int32, generated bool) {
 	start := len(c.hashes) / c.h.alg.Size() * c.blockSize
-	c.extraKeys(start, start+c.blockSize)
+	c.extraKeys(start, start+c.blockSize, generated)
 	var enc []byte
 	if c.h.alg.usesCBOR() {
 		enc = c.encodeCBOR(c.parent(), tokens)

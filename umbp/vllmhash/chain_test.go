@@ -115,10 +115,44 @@ func TestChainAccessors(t *testing.T) {
 		}()
 		c.Append([]int32{1})
 	}()
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("AppendGenerated after a failed Reset did not panic")
+			}
+		}()
+		c.AppendGenerated(1)
+	}()
+	if err := c.Reset(4, ExtraKeys{}); err != nil {
+		t.Fatal(err)
+	}
+	c.Append([]int32{1, 2, 3})
+	if n := c.AppendGenerated(4, 5); n != 1 || c.Len() != 1 || c.Tokens() != 5 {
+		t.Fatalf("AppendGenerated = %d: %d blocks, %d tokens", n, c.Len(), c.Tokens())
+	}
+	if n := c.AppendGenerated(); n != 0 || c.Tokens() != 5 {
+		t.Fatalf("AppendGenerated() = %d, %d tokens", n, c.Tokens())
+	}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("Append after AppendGenerated did not panic")
+			}
+		}()
+		c.Append([]int32{6})
+	}()
+	if err := c.Reset(4, ExtraKeys{}); err != nil {
+		t.Fatal(err)
+	}
+	c.Append([]int32{1, 2, 3, 4}) // a reset chain takes a prompt again
+	if c.Len() != 1 {
+		t.Fatalf("after Reset: %d blocks", c.Len())
+	}
 }
 
 // TestChainAllocationFree is the scheduler's steady state: a reused chain
-// hashes a prompt without allocating, extra keys included.
+// hashes a prompt, then tokens generated one at a time, without allocating,
+// extra keys included.
 func TestChainAllocationFree(t *testing.T) {
 	tokens := make([]int32, 1024)
 	for i := range tokens {
@@ -141,10 +175,16 @@ func TestChainAllocationFree(t *testing.T) {
 				t.Fatal(err)
 			}
 			c.Append(tokens[:500])
-			c.Append(tokens[500:])
+			c.Append(tokens[500:700])
+			for _, tok := range tokens[700:] {
+				c.AppendGenerated(tok)
+			}
 		})
 		if n != 0 {
-			t.Errorf("%v: %v allocations per prompt", a, n)
+			t.Errorf("%v: %v allocations per request", a, n)
+		}
+		if c.Len() != len(tokens)/16 {
+			t.Errorf("%v: %d blocks", a, c.Len())
 		}
 	}
 }
@@ -163,15 +203,21 @@ func decodeCBOR(t *testing.T, enc []byte) any {
 	return v
 }
 
-// FuzzChain checks a chain against itself and its decoders: tokens
-// appended in any pieces hash as in one piece; every block's encoding
-// decodes (pickle or CBOR) to (parent, tokens, extra keys); and the extra
-// keys are the items the block overlaps when items do not overlap.
+// FuzzChain checks a chain against itself and its decoders: prompt tokens
+// appended in any pieces hash as in one piece, and generated tokens given
+// one at a time as in any pieces; every block's encoding decodes (pickle or
+// CBOR) to (parent, tokens, extra keys); and, when items do not overlap,
+// the extra keys are the items a block overlaps, except that a block after
+// the first that generated tokens completed holds only the last item, if it
+// overlaps it. Without multimodal items, generated tokens hash as prompt
+// tokens. Identifiers repeat the salt at times, so that the pickle's memo
+// lookups are decoded too.
 func FuzzChain(f *testing.F) {
-	f.Add(uint8(0), uint8(4), []byte("\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a"), []byte{3, 1}, "lora", "salt", []byte{1, 5, 9, 2})
-	f.Add(uint8(1), uint8(1), []byte("abc"), []byte{}, "", "", []byte{})
-	f.Add(uint8(3), uint8(16), bytes.Repeat([]byte{0xff, 0x01}, 40), []byte{7, 7, 7}, "", "s", []byte{0, 30, 2, 1})
-	f.Fuzz(func(t *testing.T, alg, bs uint8, raw, cuts []byte, lora, salt string, mm []byte) {
+	f.Add(uint8(0), uint8(4), []byte("\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a"), []byte{3, 1}, "lora", "salt", []byte{1, 5, 9, 2}, uint8(0))
+	f.Add(uint8(1), uint8(1), []byte("abc"), []byte{}, "", "", []byte{}, uint8(1))
+	f.Add(uint8(3), uint8(16), bytes.Repeat([]byte{0xff, 0x01}, 40), []byte{7, 7, 7}, "", "s", []byte{0, 30, 2, 1}, uint8(30))
+	f.Add(uint8(2), uint8(8), bytes.Repeat([]byte{0x10, 0x20}, 40), []byte{5}, "a", "a", []byte{10, 1, 2, 1, 3, 1}, uint8(17))
+	f.Fuzz(func(t *testing.T, alg, bs uint8, raw, cuts []byte, lora, salt string, mm []byte, gen uint8) {
 		a := allAlgorithms[int(alg)%len(allAlgorithms)]
 		h, err := NewHasher(a, "fuzz")
 		if err != nil {
@@ -186,7 +232,11 @@ func FuzzChain(f *testing.F) {
 		off := 0
 		for i := 0; i+2 <= len(mm) && i < 16; i += 2 {
 			off += int(mm[i] % 24)
-			extra.Multimodal = append(extra.Multimodal, MultimodalItem{Identifier: fmt.Sprint("m", i), Offset: off, Length: int(mm[i+1]%20) + 1})
+			id := fmt.Sprint("m", i)
+			if mm[i]&0x80 != 0 {
+				id = salt
+			}
+			extra.Multimodal = append(extra.Multimodal, MultimodalItem{Identifier: id, Offset: off, Length: int(mm[i+1]%20) + 1})
 		}
 		whole, err := h.Hash(blockSize, tokens, extra)
 		if err != nil {
@@ -214,6 +264,48 @@ func FuzzChain(f *testing.F) {
 				t.Fatalf("block %d: pieces and whole differ", i)
 			}
 		}
+
+		// The same tokens, the last ones generated: one at a time, and
+		// in the pieces cuts gives.
+		prompt := tokens[:len(tokens)-min(int(gen), len(tokens))]
+		generated := tokens[len(prompt):]
+		r, err := h.NewChain(blockSize, extra)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Append(prompt)
+		n := r.Len()
+		for _, tok := range generated {
+			n += r.AppendGenerated(tok)
+		}
+		p, err := h.NewChain(blockSize, extra)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Append(prompt)
+		rest = generated
+		for _, k := range cuts {
+			k := min(int(k), len(rest))
+			before := p.Len()
+			if got := p.AppendGenerated(rest[:k]...); got != p.Len()-before {
+				t.Fatalf("AppendGenerated says %d blocks, the chain grew by %d", got, p.Len()-before)
+			}
+			rest = rest[k:]
+		}
+		p.AppendGenerated(rest...)
+		if r.Len() != len(whole) || n != r.Len() || p.Len() != len(whole) || r.Tokens() != len(tokens) {
+			t.Fatalf("generated: %d blocks (%d counted), %d in pieces, %d tokens; want %d blocks of %d tokens",
+				r.Len(), n, p.Len(), r.Tokens(), len(whole), len(tokens))
+		}
+		for i := range whole {
+			if !bytes.Equal(r.Hash(i), p.Hash(i)) {
+				t.Fatalf("block %d: generated tokens one at a time and in pieces differ", i)
+			}
+			if len(extra.Multimodal) == 0 && !bytes.Equal(r.Hash(i), whole[i]) {
+				t.Fatalf("block %d: without multimodal items, generated and prompt tokens differ", i)
+			}
+		}
+
 		disjoint := true
 		for i := 1; i < len(extra.Multimodal); i++ {
 			p := extra.Multimodal[i-1]
@@ -226,13 +318,17 @@ func FuzzChain(f *testing.F) {
 		parent := h.Root()
 		for i := range whole {
 			start, end := i*blockSize, (i+1)*blockSize
-			d.extraKeys(start, end)
+			fromGenerated := end > len(prompt)
+			d.extraKeys(start, end, fromGenerated)
 			if disjoint {
 				var want []extraItem
 				if lora != "" {
 					want = append(want, extraItem{kind: itemLoRA, str: lora})
 				}
-				for _, m := range extra.Multimodal {
+				for j, m := range extra.Multimodal {
+					if fromGenerated && start > 0 && j < len(extra.Multimodal)-1 {
+						continue // only the last item is looked at
+					}
 					if m.Offset < end && m.Offset+m.Length > start {
 						want = append(want, extraItem{kind: itemPair, str: m.Identifier, offset: m.Offset - start})
 					}
@@ -248,13 +344,13 @@ func FuzzChain(f *testing.F) {
 			var got any
 			if a.usesCBOR() {
 				enc := d.encodeCBOR(parent, tokens[start:end])
-				if sum := a.digest(nil, enc); !bytes.Equal(sum, whole[i]) {
+				if sum := a.digest(nil, enc); !bytes.Equal(sum, r.Hash(i)) {
 					t.Fatalf("block %d: digest of the encoding differs", i)
 				}
 				got = decodeCBOR(t, enc)
 			} else {
 				enc := d.encodePickle(parent, tokens[start:end])
-				if sum := a.digest(nil, enc); !bytes.Equal(sum, whole[i]) {
+				if sum := a.digest(nil, enc); !bytes.Equal(sum, r.Hash(i)) {
 					t.Fatalf("block %d: digest of the encoding differs", i)
 				}
 				if got, err = unpickle(enc); err != nil {
@@ -264,7 +360,7 @@ func FuzzChain(f *testing.F) {
 			if !reflect.DeepEqual(got, wantValue) {
 				t.Fatalf("block %d: decoded %#v, want %#v", i, got, wantValue)
 			}
-			parent = whole[i]
+			parent = r.Hash(i)
 		}
 	})
 }

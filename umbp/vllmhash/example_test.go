@@ -34,3 +34,29 @@ func ExampleChain() {
 	// block 1: d3fd22effb22f3ed033b61dfc5d4e1a9
 	// true
 }
+
+// After the prompt, the engine's generated tokens complete blocks too;
+// AppendGenerated hashes them as vLLM's scheduler does, one token at a
+// time.
+func ExampleChain_AppendGenerated() {
+	h, err := vllmhash.NewHasher(vllmhash.SHA256, "0")
+	if err != nil {
+		panic(err)
+	}
+	c, err := h.NewChain(4, vllmhash.ExtraKeys{
+		Multimodal: []vllmhash.MultimodalItem{{Identifier: "img-1", Offset: 5, Length: 1}, {Identifier: "img-2", Offset: 6, Length: 1}},
+	})
+	if err != nil {
+		panic(err)
+	}
+	c.Append([]int32{11, 12, 13, 14, 15, 16, 17}) // the prompt: one block
+	for _, tok := range []int32{901, 902} {
+		if n := c.AppendGenerated(tok); n > 0 {
+			// Block 1 lists img-2 only, as vLLM's request block hasher
+			// gives it.
+			fmt.Printf("block %d: %x\n", c.Len()-1, c.Hash(c.Len()-1))
+		}
+	}
+	// Output:
+	// block 1: c396f7b3c32113b4f31a97b0c63823ba0fe7909424e6735d4580eeb58d40f662
+}

@@ -26,6 +26,8 @@ const (
 	opTuple2          = 0x86
 	opTuple3          = 0x87
 	opMemoize         = 0x94
+	opBinGet          = 'h'
+	opLongBinGet      = 'j'
 
 	pickleProtocol = 5
 	// CPython's framing: a frame is closed at the first opcode boundary
@@ -39,17 +41,81 @@ const (
 
 // pickler writes the byte stream CPython's C pickler produces for
 // pickle.dumps(value, protocol=5) when value is built from bytes, str, int,
-// None and tuples, every object distinct (nothing is written twice, so
-// every memo entry is only put, never got). It reuses its buffer.
+// None and tuples as vLLM's engine process builds them. It reuses its
+// buffers.
+//
+// CPython's pickler memoises every bytes, str and tuple it writes (MEMOIZE
+// gives each the next index), never an int or None, and writes an object
+// it has already memoised, by identity, as a memo lookup (BINGET, or
+// LONG_BINGET past index 255) in place of a second copy. So the bytes
+// depend on which equal values are one object. In the values vLLM hashes,
+// the parent hash and every tuple are distinct objects. The strings of the
+// extra keys (LoRA name, multimodal identifiers, cache salt) reach vLLM's
+// engine core process in the request's msgpack, whose strings msgspec
+// decodes with PyUnicode_DecodeUTF8: that returns CPython's cached
+// singletons for the empty string and for every one-character string of a
+// code point up to U+00FF, and a new object for any other string. So in
+// one block's extra keys, equal strings of at most one Latin-1 character
+// are one object, and all other strings are distinct, equal or not (seen
+// with CPython 3.11; 3.10 to 3.13 share the cache and the decoder's use of
+// it). saveStr writes the first of a kind once
+// per pickle and a lookup for each repeat; every other string in full.
+//
+// An engine run in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) hashes the
+// caller's own string objects instead: one str object passed as both LoRA
+// name and salt, say, would be shared there and not here.
 type pickler struct {
 	buf        []byte
 	frameStart int // offset of the open frame's header, or -1
+	memo       int // objects memoised: the index the next one gets
+	// shared holds the memo index of each shared string (see above)
+	// written in this pickle.
+	shared []sharedStr
+}
+
+// sharedStr is a string CPython shares and the memo index it got: key is
+// its code point, or -1 for the empty string.
+type sharedStr struct {
+	key int32
+	idx int
+}
+
+// sharedKey returns the key of a string CPython shares (the empty string,
+// or one character U+0000 to U+00FF) and whether s is one.
+func sharedKey(s string) (int32, bool) {
+	switch {
+	case s == "":
+		return -1, true
+	case len(s) == 1: // ASCII
+		return int32(s[0]), true
+	case len(s) == 2 && (s[0] == 0xc2 || s[0] == 0xc3): // U+0080 to U+00FF
+		return int32(s[0]&0x1f)<<6 | int32(s[1]&0x3f), true
+	}
+	return 0, false
 }
 
 // begin starts a new pickle in the reused buffer.
 func (p *pickler) begin() {
 	p.buf = append(p.buf[:0], opProto, pickleProtocol)
 	p.frameStart = -1
+	p.memo = 0
+	p.shared = p.shared[:0]
+}
+
+// memoize writes MEMOIZE, giving the object just written the next index.
+func (p *pickler) memoize() {
+	p.op(opMemoize)
+	p.memo++
+}
+
+// get writes a lookup of memo entry idx, as CPython's save_get.
+func (p *pickler) get(idx int) {
+	p.open()
+	if idx < 256 {
+		p.buf = append(p.buf, opBinGet, byte(idx))
+		return
+	}
+	p.buf = append(p.buf, opLongBinGet, byte(idx), byte(idx>>8), byte(idx>>16), byte(idx>>24))
 }
 
 // end writes STOP, closes the last frame and returns the pickle. The slice
@@ -189,16 +255,27 @@ func (p *pickler) saveBytes(b []byte) {
 	var h [9]byte
 	p.payloadHeader(sizedHeader(&h, len(b), opShortBinBytes, opBinBytes, opBinBytes8), len(b))
 	p.buf = append(p.buf, b...)
-	p.op(opMemoize)
+	p.memoize()
 }
 
-// saveStr writes a str object; s must be valid UTF-8.
+// saveStr writes a str object, or a lookup of the shared one already
+// written (see pickler); s must be valid UTF-8.
 func (p *pickler) saveStr(s string) {
-	p.boundary()
+	p.boundary() // CPython's save() starts here, memo lookups included
+	key, shared := sharedKey(s)
+	if shared {
+		for _, e := range p.shared {
+			if e.key == key {
+				p.get(e.idx)
+				return
+			}
+		}
+		p.shared = append(p.shared, sharedStr{key: key, idx: p.memo})
+	}
 	var h [9]byte
 	p.payloadHeader(sizedHeader(&h, len(s), opShortBinUnicode, opBinUnicode, opBinUnicode8), len(s))
 	p.buf = append(p.buf, s...)
-	p.op(opMemoize)
+	p.memoize()
 }
 
 // startTuple begins a tuple of n elements (n > 0); the caller saves the
@@ -222,6 +299,7 @@ func (p *pickler) endTuple(n int) {
 	default:
 		p.op2(opTuple, opMemoize)
 	}
+	p.memo++
 }
 
 // saveTokens writes tuple(tokens) for a non-empty block.

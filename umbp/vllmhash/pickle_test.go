@@ -59,7 +59,8 @@ func TestPickleInts(t *testing.T) {
 }
 
 // unpickle decodes the subset of protocol 5 that pickler writes into Go
-// values: []byte, string, int64, nil and []any for tuples. It checks the
+// values: []byte, string, int64, nil and []any for tuples, and memo lookups
+// of strings. It checks the
 // framing as CPython's reader does, and more: frames hold whole opcodes,
 // are at least frameMin bytes, and only a large payload is unframed after
 // the first frame.
@@ -70,7 +71,7 @@ func unpickle(b []byte) (any, error) {
 	var (
 		stack    []any
 		marks    []int
-		memo     int
+		memo     []any
 		pos      = 2
 		frameEnd = -1 // end of the current frame, -1 when unframed
 	)
@@ -239,7 +240,30 @@ func unpickle(b []byte) (any, error) {
 			if len(stack) == 0 {
 				return nil, fmt.Errorf("MEMOIZE on an empty stack")
 			}
-			memo++
+			memo = append(memo, stack[len(stack)-1])
+		case opBinGet, opLongBinGet:
+			n := 1
+			if op[0] == opLongBinGet {
+				n = 4
+			}
+			x, err := need(n)
+			if err != nil {
+				return nil, err
+			}
+			idx := int(x[0])
+			if n == 4 {
+				idx = int(binary.LittleEndian.Uint32(x))
+				if idx < 256 {
+					return nil, fmt.Errorf("LONG_BINGET of %d at %d", idx, start)
+				}
+			}
+			if idx >= len(memo) {
+				return nil, fmt.Errorf("memo %d of %d at %d", idx, len(memo), start)
+			}
+			if _, ok := memo[idx].(string); !ok {
+				return nil, fmt.Errorf("memo %d at %d is not a str", idx, start)
+			}
+			stack = append(stack, memo[idx])
 		default:
 			return nil, fmt.Errorf("unexpected opcode %#x at %d", op[0], start)
 		}
@@ -268,12 +292,50 @@ func blockValue(parent []byte, tokens []int32, items []extraItem) any {
 	return []any{bytes.Clone(parent), toks, extra}
 }
 
+// TestSharedStrings checks which strings the pickler treats as CPython's
+// shared singletons, and that a repeat of one is a memo lookup of the
+// first, as CPython writes pickle.dumps(("a", ("a", 0), "a", "ab", "ab"),
+// protocol=5) when the strings were decoded from UTF-8 each on its own.
+func TestSharedStrings(t *testing.T) {
+	for s, want := range map[string]bool{
+		"": true, "a": true, "\x00": true, "\x7f": true, "\u0080": true, "é": true, "ÿ": true,
+		"Ā": false, "盐": false, "🚀": false, "ab": false, "aa": false,
+	} {
+		key, got := sharedKey(s)
+		if got != want {
+			t.Errorf("sharedKey(%q) = %v, want %v", s, got, want)
+		}
+		if r, _ := utf8.DecodeRuneInString(s); got && s != "" && key != r {
+			t.Errorf("sharedKey(%q) = %d, want %d", s, key, r)
+		}
+	}
+	var p pickler
+	p.begin()
+	p.startTuple(5)
+	p.saveStr("a")
+	p.startTuple(2)
+	p.saveStr("a")
+	p.saveInt(0)
+	p.endTuple(2)
+	p.saveStr("a")
+	p.saveStr("ab")
+	p.saveStr("ab")
+	p.endTuple(5)
+	// From CPython 3.11.2: BINGET 0 twice for "a", "ab" written twice.
+	const want = "8005951a0000000000000028" + "8c016194" + "6800" + "4b00" + "8694" + "6800" +
+		"8c02616294" + "8c02616294" + "7494" + "2e"
+	if got := hex.EncodeToString(p.end()); got != want {
+		t.Errorf("pickle:\n got %s\nwant %s", got, want)
+	}
+}
+
 // FuzzPickle encodes block values built from the input and decodes them
 // again: the value must survive and the frames must follow CPython's rules.
 func FuzzPickle(f *testing.F) {
 	f.Add([]byte{1, 2, 3}, uint16(3), "lora", "salt", int64(-5), uint32(0))
 	f.Add(bytes.Repeat([]byte{0xff}, 64), uint16(32), "", "", int64(1<<40), uint32(13100))
 	f.Add([]byte{0}, uint16(16), "x", "", int64(-1<<63), uint32(70000))
+	f.Add([]byte{9, 9, 9, 9}, uint16(32), "é", "é", int64(0), uint32(7))
 	f.Fuzz(func(t *testing.T, raw []byte, parentLen uint16, lora, salt string, offset int64, big uint32) {
 		if !utf8.ValidString(lora) || !utf8.ValidString(salt) {
 			t.Skip()
@@ -299,7 +361,11 @@ func FuzzPickle(f *testing.F) {
 			items = append(items, extraItem{kind: itemLoRA, str: lora})
 		}
 		for i := range int(big % 4) {
-			items = append(items, extraItem{kind: itemPair, str: fmt.Sprint("mm", i), offset: int(offset) + i})
+			id := fmt.Sprint("mm", i)
+			if big>>2%2 == 1 {
+				id = salt // repeats, shared when of one Latin-1 character
+			}
+			items = append(items, extraItem{kind: itemPair, str: id, offset: int(offset) + i})
 		}
 		if salt != "" {
 			items = append(items, extraItem{kind: itemSalt, str: salt})
