@@ -665,3 +665,22 @@ func TestMasterEmptyNodeIDAndLargeLookup(t *testing.T) {
 		}
 	}
 }
+
+func TestMasterUnknownEventKindIsAdd(t *testing.T) {
+	tg := newTarget(t)
+	ctx := ctxT(t, 10*time.Second)
+	n := tg.ids + "n"
+	k := func(s string) string { return tg.ids + s }
+	tg.register(t, ctx, n)
+	odd := func(key string) *umbppb.KvEvent {
+		return &umbppb.KvEvent{Kind: umbppb.KvEvent_Kind(7), Key: key, Tier: umbppb.TierType_TIER_DRAM}
+	}
+	tg.heartbeat(t, ctx, n, bundle(1, odd(k("a"))))
+	wantFound(t, tg.lookup(t, ctx, k("a")), true)
+	r, err := tg.c.Heartbeat(ctx, &umbppb.HeartbeatRequest{NodeId: n, IsFullSync: true, DeltaSeqBaseline: 1, Bundles: []*umbppb.EventBundle{bundle(0, odd(k("b")))}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantHB(t, r, umbppb.ClientStatus_CLIENT_STATUS_ALIVE, 1, false)
+	wantFound(t, tg.lookup(t, ctx, k("a"), k("b")), false, true)
+}
