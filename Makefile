@@ -73,7 +73,7 @@ proto: protoc-install
 	  --plugin=protoc-gen-go-grpc=$$($(GO) tool -n protoc-gen-go-grpc) \
 	  --go_out=proto/umbppb --go_opt=paths=source_relative \
 	  --go-grpc_out=proto/umbppb --go-grpc_opt=paths=source_relative \
-	  proto/umbp_common.proto proto/umbp_standalone.proto
+	  proto/umbp_common.proto proto/umbp_standalone.proto proto/umbp_master.proto
 
 # Fails when the committed generated code differs from what `make proto` makes.
 proto-check: proto
