@@ -3,7 +3,6 @@ package umbp
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -15,46 +14,6 @@ import (
 	"github.com/umbp-go/umbp-go/internal/conn"
 	"github.com/umbp-go/umbp-go/internal/fdpass"
 )
-
-// HandleState is a handle's relation to its server.
-type HandleState int32
-
-const (
-	// StateConnected: calls go to the server.
-	StateConnected HandleState = iota
-	// StateReconnecting: the server went away (or was replaced); lookups
-	// answer misses and transfers are refused as not attempted, at once,
-	// until the handle has attached to the server again and re-registered
-	// its memory.
-	StateReconnecting
-	// StateClosed: the handle was closed.
-	StateClosed
-)
-
-// String returns "connected", "reconnecting" or "closed".
-func (s HandleState) String() string {
-	switch s {
-	case StateConnected:
-		return "connected"
-	case StateReconnecting:
-		return "reconnecting"
-	case StateClosed:
-		return "closed"
-	}
-	return fmt.Sprintf("HandleState(%d)", int32(s))
-}
-
-// ServerCapabilities are what the server said of itself when the handle
-// last attached.
-type ServerCapabilities struct {
-	// Ready: the server said it was ready to serve.
-	Ready bool
-	// RangedIO: the server takes scatter/gather batches (a v2 server with
-	// its SSD tier off).
-	RangedIO bool
-	// Mode is the server's deployment mode, e.g. "STANDALONE_BACKEND_LOCAL".
-	Mode string
-}
 
 // sockIdent identifies one server's socket: a restarted server unlinks and
 // binds the path anew, which gives it a new inode. (Not the ctime: a chmod
@@ -358,7 +317,3 @@ func (l *link) waitForStateChange(ctx context.Context, from HandleState) bool {
 
 // capabilities of the current connection.
 func (l *link) capabilities() ServerCapabilities { return capabilitiesOf(l.conn().Capabilities()) }
-
-func capabilitiesOf(caps conn.Capabilities) ServerCapabilities {
-	return ServerCapabilities{Ready: caps.Ready, RangedIO: caps.RangedIO, Mode: caps.Mode.String()}
-}

@@ -42,7 +42,7 @@ type WorkerHandle struct {
 	stats    counters
 	jobs     *jobSet // submitted and not yet ended
 
-	regions  *regionSet
+	regions *regionSet
 
 	mu     sync.Mutex // orders submissions with a connection's replacement, and with Close
 	tr     transport  // the current connection's, made once for it
