@@ -3,6 +3,7 @@ package umbp
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -51,6 +52,55 @@ func (k jobKind) String() string {
 		return "store"
 	}
 	return "load"
+}
+
+// jobError is the error of a job that FAILED: every distinct key error once,
+// with the number of keys it failed. errors.Is and errors.As see each.
+type jobError struct {
+	kind   jobKind
+	where  string  // the endpoint
+	keys   int     // the job's keys
+	errs   []error // distinct by text, in plan order
+	counts []int   // keys failed by errs[i]
+	failed int
+}
+
+// jobErrorShown is how many distinct key errors a job's error text spells
+// out; a miss of many keys is as many distinct errors (each names its key),
+// and a log line need not hold them all. Unwrap and KeyErr have every one.
+const jobErrorShown = 3
+
+// Error reads "umbp: store at <endpoint> failed for 2 of 4 keys: <error>", or with
+// several distinct errors "…: 1 key: <error>; 1 key: <error>", the first
+// jobErrorShown of them, then "; and 5 more keys (5 other errors)".
+func (e *jobError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "umbp: %s at %s failed for %d of %s: ", e.kind, e.where, e.failed, plural(e.keys, "key"))
+	shown := 0
+	for i, err := range e.errs[:min(len(e.errs), jobErrorShown)] {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		if len(e.errs) > 1 {
+			b.WriteString(plural(e.counts[i], "key") + ": ")
+		}
+		b.WriteString(err.Error())
+		shown += e.counts[i]
+	}
+	if rest := len(e.errs) - jobErrorShown; rest > 0 {
+		fmt.Fprintf(&b, "; and %s (%s)", plural(e.failed-shown, "more key"), plural(rest, "other error"))
+	}
+	return b.String()
+}
+
+func (e *jobError) Unwrap() []error { return e.errs }
+
+// plural returns "1 key", "2 keys".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // phase is where a job is in its life, and the source of its status: every

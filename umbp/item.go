@@ -1,0 +1,53 @@
+package umbp
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/umbp-go/umbp-go/internal/conn"
+	"github.com/umbp-go/umbp-go/internal/slicepool"
+)
+
+// item is one plan of a job, resolved against registered memory.
+type item struct {
+	idx    int // plan index in the job
+	obj    conn.Object
+	single bool // one range
+	host   bool // in host memory
+}
+
+// plain reports whether the item can travel as a plain segment (BatchPut,
+// BatchGet): one range of host memory.
+func (it *item) plain() bool { return it.single && it.host }
+
+// rangeSlabs holds the ranges of jobs' items: a job's plans are many and
+// their ranges few each, and a ranged job's ranges are thousands (a quarter
+// MiB for 8192), so they come in one slice, reused once the job's transfer
+// no longer reads them. Slabs of up to 64 Ki ranges (2 MiB) are kept.
+var rangeSlabs = slicepool.New[conn.Range](1 << 16)
+
+// coalesce merges ranges that continue one another both in registered
+// memory (same region, next offset) and in the object, so that a block laid
+// out contiguously travels as one range however the plan splits it: the
+// server makes fewer copies, and a block that becomes one range can move
+// with plain BatchPut/BatchGet on a server without ranged I/O. rs is sorted
+// by object offset in place; the result shares its array.
+func coalesce(rs []conn.Range) []conn.Range {
+	if len(rs) < 2 {
+		return rs
+	}
+	byObjectOffset := func(a, b conn.Range) int { return cmp.Compare(a.ObjectOffset, b.ObjectOffset) }
+	if !slices.IsSortedFunc(rs, byObjectOffset) {
+		slices.SortFunc(rs, byObjectOffset)
+	}
+	out := rs[:1]
+	for _, r := range rs[1:] {
+		last := &out[len(out)-1]
+		if r.RegionBase == last.RegionBase && r.Offset == last.Offset+last.Size && r.ObjectOffset == last.ObjectOffset+last.Size {
+			last.Size += r.Size
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
