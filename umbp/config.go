@@ -4,13 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"strings"
 	"time"
 	"unicode/utf8"
 
 	"google.golang.org/grpc/stats"
 
+	"github.com/umbp-go/umbp-go/internal/conn"
 	"github.com/umbp-go/umbp-go/internal/fdpass"
 )
 
@@ -63,16 +63,24 @@ type Config struct {
 	StatsHandler stats.Handler
 }
 
-// withDefaults validates c and returns it with defaults filled in and the
-// endpoint normalized.
-func (c Config) withDefaults() (Config, error) {
-	ep, err := NormalizeEndpoint(c.Endpoint)
+// settings are a validated Config, defaults filled in, with what every
+// connection of a runtime's handles is dialled with, made once.
+type settings struct {
+	Config
+	grpcPath, fdPath string       // the endpoint's sockets
+	dial             conn.Options // for each connection
+}
+
+// settle validates c and returns it with defaults filled in and the
+// endpoint normalized, and the options its connections are dialled with.
+func (c Config) settle() (settings, error) {
+	ep, grpcPath, fdPath, err := splitEndpoint(c.Endpoint)
 	if err != nil {
-		return c, fmt.Errorf("%w: Config.Endpoint: %w", ErrInvalidConfig, err)
+		return settings{}, fmt.Errorf("%w: Config.Endpoint: %w", ErrInvalidConfig, err)
 	}
 	c.Endpoint = ep
 	if c.NumWorkers < 0 {
-		return c, fmt.Errorf("%w: Config.NumWorkers is %d, must not be negative", ErrInvalidConfig, c.NumWorkers)
+		return settings{}, fmt.Errorf("%w: Config.NumWorkers is %d, must not be negative", ErrInvalidConfig, c.NumWorkers)
 	}
 	if c.NumWorkers == 0 {
 		c.NumWorkers = DefaultNumWorkers
@@ -87,7 +95,7 @@ func (c Config) withDefaults() (Config, error) {
 		{"StartupTimeout", &c.StartupTimeout, DefaultStartupTimeout},
 	} {
 		if *d.v < 0 {
-			return c, fmt.Errorf("%w: Config.%s is %v, must not be negative", ErrInvalidConfig, d.name, *d.v)
+			return settings{}, fmt.Errorf("%w: Config.%s is %v, must not be negative", ErrInvalidConfig, d.name, *d.v)
 		}
 		if *d.v == 0 {
 			*d.v = d.def
@@ -96,10 +104,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	for _, uid := range c.TrustedUIDs {
-		if uid < 0 || uid > math.MaxUint32-1 {
-			return c, fmt.Errorf("%w: Config.TrustedUIDs holds %d, not a uid", ErrInvalidConfig, uid)
-		}
+	trust, err := conn.NewTrust(c.TrustedUIDs)
+	if err != nil {
+		return settings{}, fmt.Errorf("%w: Config.TrustedUIDs: %w", ErrInvalidConfig, err)
 	}
 	// They travel in protobuf strings: a server cannot be told them
 	// otherwise, and every registration would fail.
@@ -109,13 +116,22 @@ func (c Config) withDefaults() (Config, error) {
 	}{{"NodeID", []string{c.NodeID}}, {"NodeAddress", []string{c.NodeAddress}}, {"Tags", c.Tags}} {
 		for _, v := range f.v {
 			if !utf8.ValidString(v) {
-				return c, fmt.Errorf("%w: Config.%s holds %q, not valid UTF-8", ErrInvalidConfig, f.name, v)
+				return settings{}, fmt.Errorf("%w: Config.%s holds %q, not valid UTF-8", ErrInvalidConfig, f.name, v)
 			}
 		}
 	}
 	c.Tags = append([]string(nil), c.Tags...)
 	c.TrustedUIDs = append([]int(nil), c.TrustedUIDs...)
-	return c, nil
+	return settings{Config: c, grpcPath: grpcPath, fdPath: fdPath, dial: conn.Options{
+		Endpoint:       c.Endpoint,
+		StartupTimeout: c.StartupTimeout,
+		NodeID:         c.NodeID,
+		NodeAddress:    c.NodeAddress,
+		Tags:           c.Tags,
+		Logger:         c.Logger,
+		Trust:          trust,
+		StatsHandler:   c.StatsHandler,
+	}}, nil
 }
 
 // NormalizeEndpoint returns the gRPC address "unix:///abs/path" of a
@@ -125,22 +141,29 @@ func (c Config) withDefaults() (Config, error) {
 // other scheme is rejected, as is a path that is not absolute or that (with
 // its derived fd-handoff socket) does not fit a Unix socket address.
 func NormalizeEndpoint(endpoint string) (string, error) {
+	ep, _, _, err := splitEndpoint(endpoint)
+	return ep, public(err)
+}
+
+// splitEndpoint returns the normalized endpoint and its two sockets' paths.
+func splitEndpoint(endpoint string) (ep, grpcPath, fdPath string, err error) {
 	path := endpoint
 	if p, ok := strings.CutPrefix(endpoint, "unix://"); ok {
 		path = p
 	} else if p, ok := strings.CutPrefix(endpoint, "unix:"); ok {
 		path = p
 	} else if strings.Contains(endpoint, "://") {
-		return "", fmt.Errorf("standalone UMBP endpoint must be a Unix socket path or unix:// address, got %q", endpoint)
+		return "", "", "", fmt.Errorf("standalone UMBP endpoint must be a Unix socket path or unix:// address, got %q", endpoint)
 	}
 	if !strings.HasPrefix(path, "/") {
-		return "", fmt.Errorf("standalone UMBP endpoint %q must be an absolute path, such as /run/umbp/node0.grpc.sock or unix:///run/umbp/node0.grpc.sock", endpoint)
-	}
-	if _, _, err := fdpass.SocketPaths(path); err != nil {
-		return "", err
+		return "", "", "", fmt.Errorf("standalone UMBP endpoint %q must be an absolute path, such as /run/umbp/node0.grpc.sock or unix:///run/umbp/node0.grpc.sock", endpoint)
 	}
 	if base, ok := strings.CutSuffix(path, ".fd.sock"); ok {
-		return "", fmt.Errorf("standalone UMBP endpoint %q is a server's fd-handoff socket; the endpoint is its gRPC socket, such as %s.grpc.sock", endpoint, base)
+		return "", "", "", fmt.Errorf("standalone UMBP endpoint %q is a server's fd-handoff socket; the endpoint is its gRPC socket, such as %s.grpc.sock", endpoint, base)
 	}
-	return "unix://" + path, nil
+	grpcPath, fdPath, err = fdpass.SocketPaths(path)
+	if err != nil {
+		return "", "", "", err
+	}
+	return "unix://" + path, grpcPath, fdPath, nil
 }

@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/connectivity"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
-	"github.com/umbp-go/umbp-go/internal/fdpass"
 )
 
 // sockIdent identifies one server's socket: a restarted server unlinks and
@@ -69,10 +68,7 @@ type link struct {
 // newLink dials the server, runs attach on the connection, and starts the
 // supervising goroutine.
 func newLink(ctx context.Context, rt *StandaloneRuntime, attach func(context.Context, *conn.Conn) error, release func(*conn.Conn)) (*link, error) {
-	path, _, err := fdpass.SocketPaths(rt.cfg.Endpoint)
-	if err != nil {
-		return nil, err
-	}
+	path := rt.cfg.grpcPath
 	l := &link{
 		rt: rt, log: rt.cfg.Logger, path: path, attach: attach, release: release,
 		kickc: make(chan struct{}, 1), done: make(chan struct{}),

@@ -6,39 +6,35 @@ import (
 	"fmt"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
-	"github.com/umbp-go/umbp-go/internal/fdpass"
 )
 
 // StandaloneRuntime is a validated configuration that yields handles on one
 // umbp_standalone_server. It holds no connection itself: each handle owns
 // its own. It is safe for concurrent use.
 type StandaloneRuntime struct {
-	cfg Config
+	cfg settings
 }
 
 // NewStandaloneRuntime validates cfg, fills in defaults and normalizes the
 // endpoint. It does no I/O: the server need not be running yet.
 func NewStandaloneRuntime(cfg Config) (*StandaloneRuntime, error) {
-	c, err := cfg.withDefaults()
+	s, err := cfg.settle()
 	if err != nil {
 		return nil, err
 	}
-	return &StandaloneRuntime{cfg: c}, nil
+	return &StandaloneRuntime{cfg: s}, nil
 }
 
 // FDSocketPath is the path of the server's fd-handoff socket, derived from
 // the endpoint as servers derive it (docs/PROTOCOL.md, "Sockets").
-func (r *StandaloneRuntime) FDSocketPath() string {
-	_, fd, _ := fdpass.SocketPaths(r.cfg.Endpoint) // the endpoint was checked already
-	return fd
-}
+func (r *StandaloneRuntime) FDSocketPath() string { return r.cfg.fdPath }
 
 // Endpoint returns the normalized server address, "unix:///abs/path".
 func (r *StandaloneRuntime) Endpoint() string { return r.cfg.Endpoint }
 
 // Config returns the configuration in effect, defaults filled in.
 func (r *StandaloneRuntime) Config() Config {
-	c := r.cfg
+	c := r.cfg.Config
 	c.Tags = append([]string(nil), c.Tags...)
 	c.TrustedUIDs = append([]int(nil), c.TrustedUIDs...)
 	return c
@@ -51,16 +47,7 @@ func (r *StandaloneRuntime) dial(ctx context.Context) (*conn.Conn, error) {
 	// bound, a little later, only backs it up.
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.StartupTimeout+dialGrace)
 	defer cancel()
-	c, err := conn.Dial(ctx, conn.Options{
-		Endpoint:       r.cfg.Endpoint,
-		StartupTimeout: r.cfg.StartupTimeout,
-		NodeID:         r.cfg.NodeID,
-		NodeAddress:    r.cfg.NodeAddress,
-		Tags:           r.cfg.Tags,
-		Logger:         r.cfg.Logger,
-		TrustedUIDs:    r.cfg.TrustedUIDs,
-		StatsHandler:   r.cfg.StatsHandler,
-	})
+	c, err := conn.Dial(ctx, r.cfg.dial)
 	if errors.Is(err, ErrUntrustedServer) {
 		return nil, fmt.Errorf("umbp: refusing the UMBP standalone server at %s: %w", r.cfg.Endpoint, err)
 	}

@@ -6,10 +6,10 @@
 // ErrInvalidArgument, ErrClosed, ErrUntrustedServer).
 //
 // Before any memory is shared, the server must prove to be run by this user,
-// root or a uid in Options.TrustedUIDs: its socket files' owner and mode, and
+// root or a uid in Options.Trust: its socket files' owner and mode, and
 // the credentials of the process serving each socket, are checked on every
 // gRPC connection and every fd handoff; a server that fails is an error
-// wrapping ErrUntrustedServer (see Options.TrustedUIDs).
+// wrapping ErrUntrustedServer (see Options.Trust).
 //
 // No wrapper adds a deadline of its own: a transfer RPC must run until the
 // server answers, since the server reads or writes the named memory until its
@@ -31,7 +31,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unicode/utf8"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -43,31 +42,26 @@ import (
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
-// DefaultStartupTimeout bounds Dial's wait for a ready server when
-// Options.StartupTimeout is zero.
-const DefaultStartupTimeout = 30 * time.Second
-
 // Options configures Dial.
 type Options struct {
 	// Endpoint is the server's gRPC address, "unix:///abs/path" (a bare
 	// absolute path and "unix:/abs/path" are accepted too). The fd-handoff
 	// socket path is derived from it.
 	Endpoint string
-	// StartupTimeout bounds Dial's wait for Ping to answer ready=true;
-	// DefaultStartupTimeout when zero.
+	// StartupTimeout bounds Dial's wait for Ping to answer ready=true; it
+	// must be positive.
 	StartupTimeout time.Duration
 	// NodeID, NodeAddress and Tags are the worker identity forwarded in
-	// every RegisterMemory; all optional.
+	// every RegisterMemory; all optional, and valid UTF-8 (the caller
+	// checked them: a proto3 string must be).
 	NodeID, NodeAddress string
 	Tags                []string
 	// Logger receives connection events; slog.Default() when nil.
 	Logger *slog.Logger
-	// TrustedUIDs are uids trusted to run the server besides this
-	// process's own (real) uid and root: a socket file owned by one of
-	// them, and a server process running as one of them, pass the trust
-	// check. Each must be a valid uid, 0 to 4294967294. The check cannot be
-	// turned off; listing uids here is the only way to widen it.
-	TrustedUIDs []int
+	// Trust is who may run the server besides this process's own uid and
+	// root (NewTrust); nil trusts those two only. The check cannot be
+	// turned off; trusting more uids is the only way to widen it.
+	Trust *Trust
 	// PeerCheck, when not nil, runs on the connected fd-handoff socket
 	// before a descriptor leaves the process, after the trust check passed.
 	PeerCheck fdpass.PeerCheck
@@ -105,7 +99,7 @@ type Conn struct {
 	nodeAddr string
 	tags     []string
 	check    fdpass.PeerCheck
-	trust    *trust
+	trust    *Trust
 	log      *slog.Logger
 
 	// dialFail, while Dial waits for the server, ends that wait with the
@@ -134,7 +128,7 @@ type Conn struct {
 // answers ready=true, for at most opts.StartupTimeout and while ctx lasts.
 // A server that is missing, not ready or not answering within that bound is
 // an error wrapping ErrUnavailable that names the address. A server that
-// fails the trust check (see Options.TrustedUIDs) is an error wrapping
+// fails the trust check (see Options.Trust) is an error wrapping
 // ErrUntrustedServer that says what was wrong, returned as soon as the
 // check fails.
 func Dial(ctx context.Context, opts Options) (*Conn, error) {
@@ -142,26 +136,18 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dial: %w: %w", ErrInvalidArgument, err)
 	}
-	if opts.StartupTimeout < 0 {
-		return nil, invalid("dial", "negative startup timeout %v", opts.StartupTimeout)
+	if opts.StartupTimeout <= 0 {
+		return nil, invalid("dial", "startup timeout %v is not positive", opts.StartupTimeout)
 	}
-	for _, s := range append([]string{opts.NodeID, opts.NodeAddress}, opts.Tags...) {
-		if !utf8.ValidString(s) {
-			return nil, invalid("dial", "worker identity %q is not valid UTF-8", s)
-		}
-	}
-	tr, err := newTrust(opts.TrustedUIDs)
-	if err != nil {
-		return nil, invalid("dial", "%v", err)
+	tr := opts.Trust
+	if tr == nil {
+		tr, _ = NewTrust(nil) // no extra uid: nothing to refuse
 	}
 	// A socket already there is judged before anything connects to it.
 	if err := tr.checkFilesIfPresent(grpcPath, fdPath); err != nil {
 		return nil, err
 	}
 	startup := opts.StartupTimeout
-	if startup == 0 {
-		startup = DefaultStartupTimeout
-	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.Default()

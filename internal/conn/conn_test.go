@@ -263,7 +263,7 @@ func TestDialInvalid(t *testing.T) {
 		{Endpoint: "relative.sock"},
 		{Endpoint: "unix:///" + strings.Repeat("x", 120)},
 		{Endpoint: "/tmp/x.sock", StartupTimeout: -1},
-		{Endpoint: "/tmp/x.sock", NodeID: "\xff"},
+		{Endpoint: "/tmp/x.sock"}, // no startup timeout
 	} {
 		if _, err := Dial(context.Background(), opts); !errors.Is(err, ErrInvalidArgument) {
 			t.Errorf("Dial(%+v) = %v, want ErrInvalidArgument", opts, err)

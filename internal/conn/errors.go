@@ -51,7 +51,7 @@ var (
 	// ErrUntrustedServer means the server failed the trust check made
 	// before any memory is shared with it: a socket file not owned by a
 	// trusted uid, writable by others or not a socket, or a server process
-	// running as an untrusted uid (see Options.TrustedUIDs). The error
+	// running as an untrusted uid (see NewTrust). The error
 	// says which. After Dial, a gRPC connection refused this way makes the
 	// server look unavailable (ErrUnavailable); the refusal is logged.
 	ErrUntrustedServer = errdefs.ErrUntrustedServer

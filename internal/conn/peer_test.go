@@ -17,7 +17,7 @@ import (
 func TestWaitPeersGone(t *testing.T) {
 	requireRoot(t) // the server process runs as another uid
 	f := startForeign(t, worldDir(t))
-	c := dial(t, f.endpoint, quiet, func(o *Options) { o.TrustedUIDs = []int{foreignUID} })
+	c := dial(t, f.endpoint, quiet, func(o *Options) { o.Trust = mustTrust(t, foreignUID) })
 	if c.Transports() != 1 {
 		t.Fatalf("Transports = %d after Dial, want 1", c.Transports())
 	}

@@ -16,7 +16,7 @@ import (
 // The trusted-server check. Memory is shared with the server by handing it a
 // memfd (over the fd-handoff socket) or a GPU IPC handle (over gRPC), so
 // before either leaves the process the server must prove to be run by this
-// user, root, or a uid the caller trusts explicitly (Options.TrustedUIDs):
+// user, root, or a uid the caller trusts explicitly (NewTrust):
 //
 //   - each socket file (the gRPC socket and the derived fd-handoff socket)
 //     must be a socket, owned by a trusted uid and not writable by others
@@ -41,21 +41,21 @@ import (
 // socket, before the descriptor is sent. There is no switch to turn the
 // check off; trusting more uids is the only way to widen it.
 
-// trust is the set of uids whose servers may be given memory.
-type trust struct {
+// Trust is the set of uids whose servers may be given memory.
+type Trust struct {
 	self  uint32   // this process's real uid
-	extra []uint32 // Options.TrustedUIDs, sorted, without self and root
+	extra []uint32 // the uids NewTrust was given, sorted, without self and root
 }
 
 // maxUID is the largest valid uid: (uid_t)-1 means "no uid" to the kernel.
 const maxUID = math.MaxUint32 - 1
 
-// newTrust returns the policy trusting this process's uid, root and extra.
-func newTrust(extra []int) (*trust, error) {
-	t := &trust{self: uint32(os.Getuid())}
+// NewTrust returns the policy trusting this process's uid, root and extra.
+func NewTrust(extra []int) (*Trust, error) {
+	t := &Trust{self: uint32(os.Getuid())}
 	for _, u := range extra {
 		if u < 0 || u > maxUID {
-			return nil, fmt.Errorf("trusted uid %d is not a valid uid", u)
+			return nil, fmt.Errorf("%w: trusted uid %d is not a valid uid", ErrInvalidArgument, u)
 		}
 		v := uint32(u)
 		if v != t.self && v != 0 && !slices.Contains(t.extra, v) {
@@ -67,12 +67,12 @@ func newTrust(extra []int) (*trust, error) {
 }
 
 // trusted reports whether uid may run (or own the socket of) a server.
-func (t *trust) trusted(uid uint32) bool {
+func (t *Trust) trusted(uid uint32) bool {
 	return uid == t.self || uid == 0 || slices.Contains(t.extra, uid)
 }
 
 // who names the trusted uids, for error messages.
-func (t *trust) who() string {
+func (t *Trust) who() string {
 	if len(t.extra) == 0 {
 		return fmt.Sprintf("this user (uid %d) or root", t.self)
 	}
@@ -91,7 +91,7 @@ func untrusted(format string, args ...any) error {
 // checkFile applies the socket-file rules to path. An error that does not
 // wrap ErrUntrustedServer means the file could not be examined (it is
 // missing, say); it wraps the os error.
-func (t *trust) checkFile(path string) error {
+func (t *Trust) checkFile(path string) error {
 	var st unix.Stat_t
 	if err := unix.Lstat(path, &st); err != nil {
 		return &os.PathError{Op: "lstat", Path: path, Err: err}
@@ -117,7 +117,7 @@ func (t *trust) checkFile(path string) error {
 }
 
 // checkPeer applies the peer rule to c, connected to the socket at path.
-func (t *trust) checkPeer(path string, c *net.UnixConn) error {
+func (t *Trust) checkPeer(path string, c *net.UnixConn) error {
 	raw, err := c.SyscallConn()
 	if err != nil {
 		return untrusted("socket %s: cannot read the server's credentials: %v", path, err)
@@ -140,7 +140,7 @@ func (t *trust) checkPeer(path string, c *net.UnixConn) error {
 
 // checkConn applies both rules to c, just connected to the socket at path:
 // the file first, then the process serving it.
-func (t *trust) checkConn(path string, c *net.UnixConn) error {
+func (t *Trust) checkConn(path string, c *net.UnixConn) error {
 	if err := t.checkFile(path); err != nil {
 		return err
 	}
@@ -150,7 +150,7 @@ func (t *trust) checkConn(path string, c *net.UnixConn) error {
 // checkFilesIfPresent applies the socket-file rules to every path that can
 // be examined and returns the first violation; a socket that is missing (or
 // otherwise out of reach) is left to the connection attempts that follow.
-func (t *trust) checkFilesIfPresent(paths ...string) error {
+func (t *Trust) checkFilesIfPresent(paths ...string) error {
 	for _, p := range paths {
 		if err := t.checkFile(p); errors.Is(err, ErrUntrustedServer) {
 			return err

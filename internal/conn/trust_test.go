@@ -158,9 +158,9 @@ func wantUntrusted(t *testing.T, what string, err error, parts ...string) {
 	}
 }
 
-func mustTrust(t *testing.T, extra ...int) *trust {
+func mustTrust(t *testing.T, extra ...int) *Trust {
 	t.Helper()
-	tr, err := newTrust(extra)
+	tr, err := NewTrust(extra)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +267,7 @@ func TestTrustFileRules(t *testing.T) {
 
 func TestTrustedUIDsValidated(t *testing.T) {
 	for _, uids := range [][]int{{-1}, {1<<32 - 1}, {0, 1 << 40}} {
-		_, err := Dial(context.Background(), Options{Endpoint: "/tmp/x.grpc.sock", TrustedUIDs: uids})
+		_, err := NewTrust(uids)
 		if !errors.Is(err, ErrInvalidArgument) {
 			t.Errorf("TrustedUIDs %v: %v, want ErrInvalidArgument", uids, err)
 		}
@@ -401,7 +401,7 @@ func TestDialRefusesForeignServer(t *testing.T) {
 func TestDialTrustedUID(t *testing.T) {
 	requireRoot(t)
 	f := startForeign(t, worldDir(t))
-	c := dial(t, f.endpoint, quiet, func(o *Options) { o.TrustedUIDs = []int{foreignUID} })
+	c := dial(t, f.endpoint, quiet, func(o *Options) { o.Trust = mustTrust(t, foreignUID) })
 	fd, mem := memfd(t, 4096)
 	ctx := context.Background()
 	if err := c.RegisterHost(ctx, fd, addr(mem), 4096); err != nil {
