@@ -45,7 +45,6 @@ func ExampleKeyCodec() {
 	fmt.Println(key)
 	same, _ := codec.KeyHex(0, "CAFE01")
 	fmt.Println(same == key)
-	fmt.Println(codec.Prefix(1))
 
 	p, err := umbp.ParseKey(key)
 	if err != nil {
@@ -57,7 +56,6 @@ func ExampleKeyCodec() {
 	// Output:
 	// umbp:vllm:v1:llama-8b:tp1:pcp0:dcp0:pp0:g0:cafe01
 	// true
-	// umbp:vllm:v1:llama-8b:tp1:pcp0:dcp0:pp0:g1:
 	// llama-8b tp1 group 0 hash cafe01
 	// true
 }
@@ -81,7 +79,7 @@ func ExampleLayoutPlanner() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println("object bytes:", planner.ObjectSize(0), "ranges per block:", planner.RangesPerBlock(0))
+	fmt.Println("object bytes:", planner.ObjectSize(0))
 	plan, err := planner.PlanForBlock("key-of-block-3", 0, 3)
 	if err != nil {
 		panic(err)
@@ -92,7 +90,7 @@ func ExampleLayoutPlanner() {
 	_, err = planner.PlanForBlock("k", 0, 8)
 	fmt.Println(errors.Is(err, umbp.ErrInvalidPlan))
 	// Output:
-	// object bytes: 1024 ranges per block: 4
+	// object bytes: 1024
 	// layer0.k: 256 bytes at base+0x300 -> object offset 0
 	// layer0.v: 256 bytes at base+0xb00 -> object offset 256
 	// layer1.k: 256 bytes at base+0x1300 -> object offset 512

@@ -69,18 +69,6 @@ func validateNamespace(ns string) error {
 	return nil
 }
 
-// Namespace returns the codec's namespace.
-func (c *KeyCodec) Namespace() string { return c.namespace }
-
-// Topology returns the codec's rank topology, sizes normalized.
-func (c *KeyCodec) Topology() RankTopology { return c.topo }
-
-// Prefix returns the part shared by every key of this codec's rank and the
-// given group: the key without its hash.
-func (c *KeyCodec) Prefix(group int) string {
-	return c.prefix + strconv.Itoa(group) + ":"
-}
-
 const lowerHex = "0123456789abcdef"
 
 // Key returns the key of the block with the given group and hash. The group
@@ -115,7 +103,7 @@ func (c *KeyCodec) KeyHex(group int, hexHash string) (string, error) {
 			return "", fmt.Errorf("%w: hex hash %q has a non-hex byte %q at %d", ErrInvalidKey, hexHash, hexHash[i], i)
 		}
 	}
-	return c.Prefix(group) + strings.ToLower(hexHash), nil
+	return c.groupPrefix(group) + strings.ToLower(hexHash), nil
 }
 
 func isHexByte(x byte) bool {
@@ -241,4 +229,10 @@ func parseCanonicalUint(s string) (int, error) {
 		return 0, fmt.Errorf("%q does not fit in an int", s)
 	}
 	return n, nil
+}
+
+// groupPrefix returns the part shared by every key of this codec's rank and
+// the given group: the key without its hash.
+func (c *KeyCodec) groupPrefix(group int) string {
+	return c.prefix + strconv.Itoa(group) + ":"
 }

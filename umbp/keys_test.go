@@ -38,7 +38,7 @@ func TestKeyFormat(t *testing.T) {
 		if got := c.Key(tt.group, tt.hash); got != tt.want {
 			t.Errorf("Key(%d, %x) = %q, want %q", tt.group, tt.hash, got, tt.want)
 		}
-		if got := c.Prefix(tt.group); !strings.HasPrefix(tt.want, got) || !strings.HasSuffix(got, ":") {
+		if got := c.groupPrefix(tt.group); !strings.HasPrefix(tt.want, got) || !strings.HasSuffix(got, ":") {
 			t.Errorf("Prefix(%d) = %q, not the key %q without its hash", tt.group, got, tt.want)
 		}
 		p, err := ParseKey(tt.want)
@@ -86,8 +86,8 @@ func TestNewKeyCodecErrors(t *testing.T) {
 		}
 	}
 	c := mustCodec(t, "ns", RankTopology{TPRank: 1, TPSize: 2})
-	if c.Namespace() != "ns" || c.Topology() != (RankTopology{TPRank: 1, TPSize: 2, PPSize: 1, PCPSize: 1, DCPSize: 1}) {
-		t.Errorf("accessors: %q %+v", c.Namespace(), c.Topology())
+	if c.namespace != "ns" || c.topo != (RankTopology{TPRank: 1, TPSize: 2, PPSize: 1, PCPSize: 1, DCPSize: 1}) {
+		t.Errorf("accessors: %q %+v", c.namespace, c.topo)
 	}
 }
 

@@ -30,7 +30,8 @@ var ErrInvalidLayout = errors.New("umbp: invalid KV layout")
 // must then be a multiple of n.
 //
 // In both cases a physical chunk (BlockBytes/n bytes, n counting 0 as 1)
-// must fit in Stride, and the region spans [BaseAddress, BaseAddress+Span()).
+// must fit in Stride, and the region spans BaseAddress up to the end of its
+// last physical chunk, (NumBlocks*n-1)*Stride + BlockBytes/n bytes further.
 type KVRegion struct {
 	// LayerName names the tensor; it is the name the tensor is registered
 	// under, and (LayerName, GroupID) is unique within a layout.
@@ -59,22 +60,22 @@ func (r KVRegion) subBlocks() int {
 	return r.SubBlocks
 }
 
-// ChunkBytes returns the length of one physical chunk: BlockBytes divided by
+// chunkBytes returns the length of one physical chunk: BlockBytes divided by
 // the number of sub-blocks (0 counting as 1).
-func (r KVRegion) ChunkBytes() uint64 {
+func (r KVRegion) chunkBytes() uint64 {
 	if r.SubBlocks <= 1 {
 		return r.BlockBytes
 	}
 	return r.BlockBytes / uint64(r.SubBlocks)
 }
 
-// Span returns the number of bytes from BaseAddress to the end of the last
-// physical block: (NumBlocks*n-1)*Stride + ChunkBytes(), n being the number
+// extent returns the number of bytes from BaseAddress to the end of the last
+// physical block: (NumBlocks*n-1)*Stride + chunkBytes(), n being the number
 // of sub-blocks. It is meaningful only for a region that passes
 // [KVRegion.Validate].
-func (r KVRegion) Span() uint64 {
+func (r KVRegion) extent() uint64 {
 	phys := uint64(r.NumBlocks) * uint64(r.subBlocks())
-	return (phys-1)*r.Stride + r.ChunkBytes()
+	return (phys-1)*r.Stride + r.chunkBytes()
 }
 
 // Validate reports whether r is well formed: a non-empty LayerName, a
@@ -104,10 +105,10 @@ func (r KVRegion) Validate() error {
 		return bad("SubBlocks %d is negative", r.SubBlocks)
 	case r.BlockBytes%uint64(r.subBlocks()) != 0:
 		return bad("BlockBytes %d is not a multiple of SubBlocks %d", r.BlockBytes, r.SubBlocks)
-	case r.ChunkBytes() > r.Stride:
+	case r.chunkBytes() > r.Stride:
 		if r.SubBlocks > 1 {
 			return bad("BlockBytes %d / SubBlocks %d = %d exceeds Stride %d",
-				r.BlockBytes, r.SubBlocks, r.ChunkBytes(), r.Stride)
+				r.BlockBytes, r.SubBlocks, r.chunkBytes(), r.Stride)
 		}
 		return bad("BlockBytes %d exceeds Stride %d", r.BlockBytes, r.Stride)
 	}
@@ -118,7 +119,7 @@ func (r KVRegion) Validate() error {
 	return nil
 }
 
-// end returns BaseAddress+Span() and whether it was computed without
+// end returns BaseAddress+extent() and whether it was computed without
 // overflow and fits in a uintptr. It assumes the other checks of Validate
 // passed.
 func (r KVRegion) end() (uint64, bool) {
@@ -130,7 +131,7 @@ func (r KVRegion) end() (uint64, bool) {
 	if hi != 0 {
 		return 0, false
 	}
-	span, carry := bits.Add64(span, r.ChunkBytes(), 0)
+	span, carry := bits.Add64(span, r.chunkBytes(), 0)
 	if carry != 0 {
 		return 0, false
 	}
@@ -212,9 +213,9 @@ func (l *KVLayoutDescriptor) Groups() []int {
 	return slices.Compact(gs)
 }
 
-// RegionsOf returns the regions of the given group, in layout order. The
+// regionsOf returns the regions of the given group, in layout order. The
 // result is a new slice.
-func (l *KVLayoutDescriptor) RegionsOf(group int) []KVRegion {
+func (l *KVLayoutDescriptor) regionsOf(group int) []KVRegion {
 	if l == nil {
 		return nil
 	}
@@ -227,8 +228,8 @@ func (l *KVLayoutDescriptor) RegionsOf(group int) []KVRegion {
 	return rs
 }
 
-// Clone returns a deep copy of l (nil for nil).
-func (l *KVLayoutDescriptor) Clone() *KVLayoutDescriptor {
+// clone returns a deep copy of l (nil for nil).
+func (l *KVLayoutDescriptor) clone() *KVLayoutDescriptor {
 	if l == nil {
 		return nil
 	}

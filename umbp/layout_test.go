@@ -60,15 +60,15 @@ func TestKVRegionValidate(t *testing.T) {
 
 func TestKVRegionSpan(t *testing.T) {
 	r := region("l", 0, 0x1000, 4, 64, 128)
-	if got := r.Span(); got != 3*128+64 {
+	if got := r.extent(); got != 3*128+64 {
 		t.Errorf("Span() = %d", got)
 	}
 	r.SubBlocks, r.BlockBytes = 2, 128 // 8 physical blocks of 64 bytes
-	if got := r.Span(); got != 7*128+64 {
+	if got := r.extent(); got != 7*128+64 {
 		t.Errorf("Span() with sub-blocks = %d", got)
 	}
-	if r.ChunkBytes() != 64 {
-		t.Errorf("ChunkBytes() = %d", r.ChunkBytes())
+	if r.chunkBytes() != 64 {
+		t.Errorf("chunkBytes() = %d", r.chunkBytes())
 	}
 }
 
@@ -125,16 +125,16 @@ func TestKVLayoutDescriptorGroups(t *testing.T) {
 			t.Errorf("ObjectSize(%d) = %d, want %d", g, got, want)
 		}
 	}
-	if got := l.RegionsOf(2); len(got) != 2 || got[0].LayerName != "a" || got[1].LayerName != "c" {
-		t.Errorf("RegionsOf(2) = %+v", got)
+	if got := l.regionsOf(2); len(got) != 2 || got[0].LayerName != "a" || got[1].LayerName != "c" {
+		t.Errorf("regionsOf(2) = %+v", got)
 	}
-	c := l.Clone()
+	c := l.clone()
 	c.Regions[0].LayerName = "changed"
 	if l.Regions[0].LayerName != "a" {
 		t.Error("Clone shares regions with the original")
 	}
 	var nilLayout *KVLayoutDescriptor
-	if nilLayout.Groups() != nil || nilLayout.ObjectSize(0) != 0 || nilLayout.RegionsOf(0) != nil || nilLayout.Clone() != nil {
+	if nilLayout.Groups() != nil || nilLayout.ObjectSize(0) != 0 || nilLayout.regionsOf(0) != nil || nilLayout.clone() != nil {
 		t.Error("nil layout accessors")
 	}
 }

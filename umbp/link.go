@@ -199,7 +199,7 @@ func (l *link) supervise() {
 			if l.stopCtx.Err() != nil { // cancelled by shutdown: no failure
 				return
 			}
-			backoff = min(max(2*backoff, linkCheckInterval), reconnectBackoffMax)
+			backoff = reconnectPause(backoff)
 			nextTry = time.Now().Add(backoff)
 			if l.retries.allow() {
 				l.log.Warn("UMBP standalone reconnect attempt failed; retrying", "endpoint", l.rt.cfg.Endpoint, "err", err)

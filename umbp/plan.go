@@ -49,13 +49,6 @@ type BlockTransferPlan struct {
 	// Ranges are the pieces of the object. Sorted by ObjectOffset they must
 	// tile [0, ObjectSize()) exactly; see [BlockTransferPlan.Validate].
 	Ranges []KVRange
-	// RequestID optionally names the request the block belongs to, for logs
-	// and for the engine's own bookkeeping.
-	RequestID string
-	// BlockHash optionally carries the block hash the key was made from.
-	BlockHash []byte
-	// TokenIDs optionally carries the tokens the block holds.
-	TokenIDs []int
 }
 
 // ObjectSize returns the size of the stored object: the sum of the ranges'
@@ -197,7 +190,7 @@ func NewLayoutPlanner(layout *KVLayoutDescriptor) (*LayoutPlanner, error) {
 	if err := layout.Validate(); err != nil {
 		return nil, err
 	}
-	p := &LayoutPlanner{layout: layout.Clone(), groups: layout.Groups()}
+	p := &LayoutPlanner{layout: layout.clone(), groups: layout.Groups()}
 	if p.groups[len(p.groups)-1] < denseGroupLimit {
 		p.dense = make([]*groupPlan, p.groups[len(p.groups)-1]+1)
 	} else {
@@ -205,10 +198,10 @@ func NewLayoutPlanner(layout *KVLayoutDescriptor) (*LayoutPlanner, error) {
 	}
 	for _, g := range p.groups {
 		gp := &groupPlan{numBlocks: maxInt}
-		for _, r := range p.layout.RegionsOf(g) {
+		for _, r := range p.layout.regionsOf(g) {
 			gp.regions = append(gp.regions, regionPlan{
 				layer: r.LayerName, group: r.GroupID, base: r.BaseAddress, stride: r.Stride,
-				chunk: r.ChunkBytes(), n: r.subBlocks(), offset: gp.objectSize,
+				chunk: r.chunkBytes(), n: r.subBlocks(), offset: gp.objectSize,
 			})
 			gp.objectSize += r.BlockBytes
 			gp.numRanges += r.subBlocks()
@@ -235,9 +228,6 @@ func (p *LayoutPlanner) group(g int) *groupPlan {
 	return p.sparse[g]
 }
 
-// Layout returns a copy of the planner's layout.
-func (p *LayoutPlanner) Layout() *KVLayoutDescriptor { return p.layout.Clone() }
-
 // Groups returns the layout's group IDs, ascending.
 func (p *LayoutPlanner) Groups() []int { return slices.Clone(p.groups) }
 
@@ -260,9 +250,9 @@ func (p *LayoutPlanner) NumBlocks(group int) int {
 	return 0
 }
 
-// RangesPerBlock returns the number of ranges in each plan of the group, or
+// rangesPerBlock returns the number of ranges in each plan of the group, or
 // 0 for a group the layout does not have.
-func (p *LayoutPlanner) RangesPerBlock(group int) int {
+func (p *LayoutPlanner) rangesPerBlock(group int) int {
 	if gp := p.group(group); gp != nil {
 		return gp.numRanges
 	}
@@ -337,26 +327,15 @@ func (gp *groupPlan) fill(dst []KVRange, b int) []KVRange {
 
 // BlockLoadBatch is a columnar batch of blocks to load, for the bulk load
 // path: row i is block BlockIDs[i] of group GroupIDs[i], stored under
-// Keys[i], for request RequestIDs[i]. Keys, BlockIDs and GroupIDs must have
-// the same length; RequestIDs has that length too, or is empty when no row
-// carries a request ID.
+// Keys[i]. Keys, BlockIDs and GroupIDs must have the same length.
 type BlockLoadBatch struct {
-	Keys       []string
-	BlockIDs   []int
-	GroupIDs   []int
-	RequestIDs []string
+	Keys     []string
+	BlockIDs []int
+	GroupIDs []int
 }
 
 // Len returns the number of rows.
 func (b BlockLoadBatch) Len() int { return len(b.Keys) }
-
-// RequestID returns row i's request ID, or "" when the batch has none.
-func (b BlockLoadBatch) RequestID(i int) string {
-	if len(b.RequestIDs) == 0 {
-		return ""
-	}
-	return b.RequestIDs[i]
-}
 
 // Validate reports whether the columns have consistent lengths and every
 // row has a non-empty key and non-negative block and group IDs. Errors
@@ -370,8 +349,6 @@ func (b BlockLoadBatch) validate() error {
 		return fmt.Errorf("%w: load batch has %d Keys but %d BlockIDs", ErrInvalidPlan, n, len(b.BlockIDs))
 	case len(b.GroupIDs) != n:
 		return fmt.Errorf("%w: load batch has %d Keys but %d GroupIDs", ErrInvalidPlan, n, len(b.GroupIDs))
-	case len(b.RequestIDs) != n && len(b.RequestIDs) != 0:
-		return fmt.Errorf("%w: load batch has %d Keys but %d RequestIDs", ErrInvalidPlan, n, len(b.RequestIDs))
 	}
 	for i := range n {
 		switch {
@@ -386,12 +363,12 @@ func (b BlockLoadBatch) validate() error {
 	return nil
 }
 
-// Plans validates the batch and returns one plan per row, in row order, as
-// [LayoutPlanner.PlanForBlock] makes them (with RequestID filled in). All
+// plans validates the batch and returns one plan per row, in row order, as
+// [LayoutPlanner.PlanForBlock] makes them. All
 // the plans' ranges share one allocation; each plan's Ranges has its own
 // capacity, so appending to one never overwrites another. The first row the
 // planner rejects fails the whole batch with an error naming the row.
-func (b BlockLoadBatch) Plans(planner *LayoutPlanner) ([]BlockTransferPlan, error) {
+func (b BlockLoadBatch) plans(planner *LayoutPlanner) ([]BlockTransferPlan, error) {
 	if err := b.Validate(); err != nil {
 		return nil, err
 	}
@@ -423,12 +400,7 @@ func (b BlockLoadBatch) planRows(planner *LayoutPlanner) (plans []BlockTransferP
 	slab := make([]KVRange, total)
 	plans = make([]BlockTransferPlan, len(b.Keys))
 	for i := range b.Keys {
-		plans[i] = BlockTransferPlan{
-			Key:       b.Keys[i],
-			BlockID:   b.BlockIDs[i],
-			GroupID:   b.GroupIDs[i],
-			RequestID: b.RequestID(i),
-		}
+		plans[i] = BlockTransferPlan{Key: b.Keys[i], BlockID: b.BlockIDs[i], GroupID: b.GroupIDs[i]}
 		if bad != nil && bad[i] != nil {
 			continue
 		}

@@ -55,8 +55,8 @@ func TestPlanForBlock(t *testing.T) {
 	if err := plan.Validate(); err != nil {
 		t.Errorf("planner output invalid: %v", err)
 	}
-	if p.RangesPerBlock(0) != 6 || p.RangesPerBlock(3) != 1 || p.RangesPerBlock(1) != 0 {
-		t.Errorf("RangesPerBlock: %d %d %d", p.RangesPerBlock(0), p.RangesPerBlock(3), p.RangesPerBlock(1))
+	if p.rangesPerBlock(0) != 6 || p.rangesPerBlock(3) != 1 || p.rangesPerBlock(1) != 0 {
+		t.Errorf("rangesPerBlock: %d %d %d", p.rangesPerBlock(0), p.rangesPerBlock(3), p.rangesPerBlock(1))
 	}
 	if p.NumBlocks(0) != 8 || p.NumBlocks(3) != 2 || p.NumBlocks(7) != 0 {
 		t.Errorf("NumBlocks: %d %d %d", p.NumBlocks(0), p.NumBlocks(3), p.NumBlocks(7))
@@ -78,7 +78,7 @@ func TestPlanForBlock(t *testing.T) {
 			for _, r := range plan.Ranges {
 				i := slices.IndexFunc(testLayout().Regions, func(x KVRegion) bool { return x.LayerName == r.LayerName && x.GroupID == g })
 				reg := testLayout().Regions[i]
-				lo, hi := reg.BaseAddress, reg.BaseAddress+uintptr(reg.Span())
+				lo, hi := reg.BaseAddress, reg.BaseAddress+uintptr(reg.extent())
 				if r.BaseAddress < lo || r.BaseAddress+uintptr(r.Length) > hi {
 					t.Fatalf("range %+v outside region [%#x, %#x)", r, lo, hi)
 				}
@@ -146,10 +146,8 @@ func TestPlannerCopiesLayout(t *testing.T) {
 	if plan.Ranges[0].BaseAddress != 0x10000 {
 		t.Fatal("planner follows changes to the caller's layout")
 	}
-	got := p.Layout()
-	got.Regions[0].LayerName = "x"
-	if p.Layout().Regions[0].LayerName != "k0" {
-		t.Fatal("Layout() exposes the planner's copy")
+	if p.layout.Regions[0].BaseAddress != 0x10000 {
+		t.Fatal("the planner's layout is the caller's")
 	}
 }
 
@@ -266,15 +264,14 @@ func FuzzPlanValidate(f *testing.F) {
 func TestBlockLoadBatch(t *testing.T) {
 	p := mustPlanner(t, testLayout())
 	b := BlockLoadBatch{
-		Keys:       []string{"a", "b", "c"},
-		BlockIDs:   []int{1, 0, 7},
-		GroupIDs:   []int{0, 3, 0},
-		RequestIDs: []string{"r1", "r2", "r1"},
+		Keys:     []string{"a", "b", "c"},
+		BlockIDs: []int{1, 0, 7},
+		GroupIDs: []int{0, 3, 0},
 	}
 	if b.Len() != 3 {
 		t.Fatalf("Len() = %d", b.Len())
 	}
-	plans, err := b.Plans(p)
+	plans, err := b.plans(p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,20 +281,15 @@ func TestBlockLoadBatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		if plan.Key != want.Key || plan.BlockID != want.BlockID || plan.GroupID != want.GroupID ||
-			plan.RequestID != b.RequestIDs[i] || !slices.Equal(plan.Ranges, want.Ranges) {
-			t.Errorf("row %d: %+v, want %+v with request %q", i, plan, want, b.RequestIDs[i])
+			!slices.Equal(plan.Ranges, want.Ranges) {
+			t.Errorf("row %d: %+v, want %+v", i, plan, want)
 		}
 		if cap(plan.Ranges) != len(plan.Ranges) {
 			t.Errorf("row %d: ranges share capacity with the next plan", i)
 		}
 	}
 
-	// Request IDs are optional.
-	b.RequestIDs = nil
-	if plans, err := b.Plans(p); err != nil || plans[1].RequestID != "" {
-		t.Fatalf("without request IDs: %v", err)
-	}
-	if n, err := (BlockLoadBatch{}).Plans(p); err != nil || len(n) != 0 {
+	if n, err := (BlockLoadBatch{}).plans(p); err != nil || len(n) != 0 {
 		t.Fatalf("empty batch: %v, %v", n, err)
 	}
 }
@@ -311,7 +303,6 @@ func TestBlockLoadBatchErrors(t *testing.T) {
 	}{
 		{"short block ids", BlockLoadBatch{Keys: []string{"a", "b"}, BlockIDs: []int{0}, GroupIDs: []int{0, 0}}, "2 Keys but 1 BlockIDs"},
 		{"long group ids", BlockLoadBatch{Keys: []string{"a"}, BlockIDs: []int{0}, GroupIDs: []int{0, 0}}, "1 Keys but 2 GroupIDs"},
-		{"request ids", BlockLoadBatch{Keys: []string{"a"}, BlockIDs: []int{0}, GroupIDs: []int{0}, RequestIDs: []string{"x", "y"}}, "1 Keys but 2 RequestIDs"},
 		{"empty key", BlockLoadBatch{Keys: []string{"a", ""}, BlockIDs: []int{0, 0}, GroupIDs: []int{0, 0}}, "row 1: key is empty"},
 		{"negative block", BlockLoadBatch{Keys: []string{"a"}, BlockIDs: []int{-1}, GroupIDs: []int{0}}, `row 0 (key "a"): BlockID -1`},
 		{"negative group", BlockLoadBatch{Keys: []string{"a"}, BlockIDs: []int{0}, GroupIDs: []int{-4}}, `row 0 (key "a"): GroupID -4`},
@@ -319,7 +310,7 @@ func TestBlockLoadBatchErrors(t *testing.T) {
 		{"block out of range", BlockLoadBatch{Keys: []string{"a"}, BlockIDs: []int{8}, GroupIDs: []int{0}}, "block 8 of group 0 outside [0, 8)"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			plans, err := tt.batch.Plans(p)
+			plans, err := tt.batch.plans(p)
 			if plans != nil || !errors.Is(err, ErrInvalidPlan) || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("Plans() = %v, %v; want ErrInvalidPlan containing %q", plans, err, tt.want)
 			}
@@ -359,7 +350,7 @@ func BenchmarkBlockLoadBatchPlans(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := batch.Plans(p); err != nil {
+		if _, err := batch.plans(p); err != nil {
 			b.Fatal(err)
 		}
 	}

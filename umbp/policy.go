@@ -43,6 +43,12 @@ const dialGrace = time.Second
 // failed gets discardTimeout.
 var linkCheckInterval = 100 * time.Millisecond
 
+// reconnectPause is the pause after a failed re-attach that followed one
+// of last.
+func reconnectPause(last time.Duration) time.Duration {
+	return min(max(2*last, linkCheckInterval), reconnectBackoffMax)
+}
+
 const (
 	reconnectBackoffMax  = time.Second
 	reconnectDialTimeout = time.Second

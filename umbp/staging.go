@@ -84,7 +84,7 @@ func (w *WorkerHandle) prepareStaging(ctx context.Context) {
 	}
 	var size uint64
 	for _, g := range w.planner.Groups() {
-		if w.planner.RangesPerBlock(g) > 1 {
+		if w.planner.rangesPerBlock(g) > 1 {
 			size += w.planner.ObjectSize(g) * uint64(w.planner.NumBlocks(g))
 		}
 	}

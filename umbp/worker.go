@@ -313,7 +313,6 @@ func (w *WorkerHandle) StoreBlocks(plans []BlockTransferPlan, opts ...TransferOp
 		} else {
 			var bp BlockTransferPlan
 			if bp, err = w.planner.planForBlock(p.Key, p.GroupID, p.BlockID); err == nil {
-				bp.RequestID, bp.BlockHash, bp.TokenIDs = p.RequestID, p.BlockHash, p.TokenIDs
 				built[i] = bp
 				continue
 			}
