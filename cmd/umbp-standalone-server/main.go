@@ -21,6 +21,7 @@ import (
 	"syscall"
 
 	"github.com/umbp-go/umbp-go/internal/bytesize"
+	"github.com/umbp-go/umbp-go/internal/endpoint"
 	"github.com/umbp-go/umbp-go/internal/fdpass"
 	"github.com/umbp-go/umbp-go/internal/server"
 )
@@ -33,7 +34,7 @@ func main() {
 func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("umbp-standalone-server", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	endpoint := fs.String("endpoint", fdpass.DefaultEndpoint(), "gRPC socket: an absolute path or unix:///abs/path (the fd socket is derived); default $UMBP_ENDPOINT, else MORI's node address from $UMBP_NODE_ID")
+	endpoint := fs.String("endpoint", endpoint.Default(), "gRPC socket: an absolute path or unix:///abs/path (the fd socket is derived); default $UMBP_ENDPOINT, else MORI's node address from $UMBP_NODE_ID")
 	capacity := fs.String("capacity", "1GiB", "DRAM pool size in bytes; suffixes K, M, G, T (and KiB, MiB, GiB, TiB) are powers of 1024, KB, MB, GB, TB powers of 1000")
 	version := fs.Int("version", 2, "protocol version: 1 (host memory, contiguous batches) or 2 (adds ranged I/O and GPU IPC)")
 	prefault := fs.Bool("prefault", true, "map the whole pool at start-up (commits -capacity bytes at once)")

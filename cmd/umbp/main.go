@@ -40,7 +40,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/umbp-go/umbp-go/internal/fdpass"
+	"github.com/umbp-go/umbp-go/internal/endpoint"
 	"github.com/umbp-go/umbp-go/umbp"
 )
 
@@ -175,7 +175,7 @@ type common struct {
 
 // register adds the shared flags, with the command's default timeout.
 func (c *common) register(fs *flag.FlagSet, timeout time.Duration, timeoutDoc string) {
-	fs.StringVar(&c.endpoint, "endpoint", fdpass.DefaultEndpoint(), "server socket: an absolute path or unix:///abs/path")
+	fs.StringVar(&c.endpoint, "endpoint", endpoint.Default(), "server socket: an absolute path or unix:///abs/path")
 	fs.DurationVar(&c.timeout, "timeout", timeout, timeoutDoc)
 	fs.Var(&c.trusted, "trust-uid", "uids besides yours and root's trusted to run the server, comma-separated")
 	fs.BoolVar(&c.verbose, "v", false, "log the client library's debug messages on stderr")

@@ -309,21 +309,3 @@ func socketPair() (*net.UnixConn, *net.UnixConn, error) {
 	}
 	return conv(fds[0]), conv(fds[1]), nil
 }
-
-func TestDefaultEndpoint(t *testing.T) {
-	t.Setenv("UMBP_ENDPOINT", "")
-	t.Setenv("UMBP_NODE_ID", "")
-	if got, want := DefaultEndpoint(), "unix:///run/umbp/standalone/node0.grpc.sock"; got != want {
-		t.Errorf("DefaultEndpoint() = %q, want %q", got, want)
-	}
-	for _, node := range []string{"node3", "n3"} {
-		t.Setenv("UMBP_NODE_ID", node)
-		if got, want := DefaultEndpoint(), "unix:///run/umbp/standalone/"+node+".grpc.sock"; got != want {
-			t.Errorf("DefaultEndpoint() = %q, want %q", got, want)
-		}
-	}
-	t.Setenv("UMBP_ENDPOINT", "/tmp/a.grpc.sock")
-	if got, want := DefaultEndpoint(), "/tmp/a.grpc.sock"; got != want {
-		t.Errorf("DefaultEndpoint() = %q, want %q", got, want)
-	}
-}

@@ -2,23 +2,8 @@ package fdpass
 
 import (
 	"fmt"
-	"os"
 	"strings"
 )
-
-// DefaultEndpoint is the server address the command-line tools use when
-// given none: $UMBP_ENDPOINT, else MORI's node address
-// unix:///run/umbp/standalone/<$UMBP_NODE_ID, or node0>.grpc.sock.
-func DefaultEndpoint() string {
-	if ep := os.Getenv("UMBP_ENDPOINT"); ep != "" {
-		return ep
-	}
-	node := os.Getenv("UMBP_NODE_ID")
-	if node == "" {
-		node = "node0"
-	}
-	return "unix:///run/umbp/standalone/" + node + ".grpc.sock"
-}
 
 // MaxSocketPath is the longest socket path that fits sun_path with its NUL.
 const MaxSocketPath = 107
