@@ -286,6 +286,9 @@ func (p *LayoutPlanner) check(key string, group, blockID int) (*groupPlan, error
 	if key == "" {
 		return nil, fmt.Errorf("%w: empty key for group %d block %d", ErrInvalidPlan, group, blockID)
 	}
+	if !utf8.ValidString(key) {
+		return nil, fmt.Errorf("%w: key %q: key is not valid UTF-8", ErrInvalidPlan, key)
+	}
 	gp := p.group(group)
 	if gp == nil {
 		return nil, fmt.Errorf("%w: key %q: group %d is not in the layout (groups %v)", ErrInvalidPlan, key, group, p.groups)

@@ -18,8 +18,9 @@ type transferOptions struct {
 
 // submit builds a job, fails what cannot run, and queues the rest. bad,
 // when not nil, holds the planning error of each plan that could not be
-// planned (nil for the others).
-func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []TransferOption, bad []error) *TransferJob {
+// planned (nil for the others). planned says the layout planner made the
+// plans: they are valid by construction, and are not validated again.
+func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []TransferOption, bad []error, planned bool) *TransferJob {
 	var o transferOptions
 	for _, opt := range opts {
 		opt(&o)
@@ -81,7 +82,7 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 		return refuse(err)
 	}
 	tr := w.transport(c)
-	items, slab := w.resolvePlans(job, tr.ranged())
+	items, slab := w.resolvePlans(job, tr.ranged(), planned)
 	if len(items) == 0 {
 		if drop != nil {
 			drop()
@@ -113,7 +114,7 @@ func (w *WorkerHandle) refuseBlocked(job *TransferJob, n int64) {
 // regions, under the regions' lock. Plans that fail get their outcome now;
 // the rest are returned. Every item's ranges lie in one slab, taken from
 // rangeSlabs.
-func (w *WorkerHandle) resolvePlans(job *TransferJob, ranged bool) ([]item, []conn.Range) {
+func (w *WorkerHandle) resolvePlans(job *TransferJob, ranged, planned bool) ([]item, []conn.Range) {
 	w.regions.mu.Lock()
 	defer w.regions.mu.Unlock()
 	items := make([]item, 0, len(job.plans))
@@ -130,9 +131,11 @@ func (w *WorkerHandle) resolvePlans(job *TransferJob, ranged bool) ([]item, []co
 		if job.hasOutcome(i) { // failed in planning
 			continue
 		}
-		if err := p.validate(); err != nil {
-			job.setOutcome(i, notAttempted(err))
-			continue
+		if !planned {
+			if err := p.validate(); err != nil {
+				job.setOutcome(i, notAttempted(err))
+				continue
+			}
 		}
 		nr := len(p.Ranges)
 		obj := conn.Object{Key: p.Key, Size: p.ObjectSize(), Ranges: slab[:nr:nr]}

@@ -283,7 +283,7 @@ func (w *WorkerHandle) registerStaging(ctx context.Context, c *conn.Conn, b *Hos
 // are invalid or name unregistered memory, with those keys already failed.
 // The plans' source memory must stay unchanged until the job ends.
 func (w *WorkerHandle) Store(plans []BlockTransferPlan, opts ...TransferOption) *TransferJob {
-	return w.submit(kindStore, slices.Clone(plans), opts, nil) // the caller may reuse its slice
+	return w.submit(kindStore, slices.Clone(plans), opts, nil, false) // the caller may reuse its slice
 }
 
 // Load loads the plans' blocks from the pool into the plans' memory and
@@ -291,7 +291,7 @@ func (w *WorkerHandle) Store(plans []BlockTransferPlan, opts ...TransferOption) 
 // (a miss); its siblings still load. The destination memory must not be
 // used until the job ends.
 func (w *WorkerHandle) Load(plans []BlockTransferPlan) *TransferJob {
-	return w.submit(kindLoad, slices.Clone(plans), nil, nil) // the caller may reuse its slice
+	return w.submit(kindLoad, slices.Clone(plans), nil, nil, false) // the caller may reuse its slice
 }
 
 // StoreBlocks is Store on the bulk path: each plan names a block (Key,
@@ -323,7 +323,7 @@ func (w *WorkerHandle) StoreBlocks(plans []BlockTransferPlan, opts ...TransferOp
 		}
 		bad[i] = err
 	}
-	return w.submit(kindStore, built, opts, bad), nil
+	return w.submit(kindStore, built, opts, bad, true), nil
 }
 
 // LoadBlocks is Load on the bulk path, for a columnar batch, under the same
@@ -338,7 +338,7 @@ func (w *WorkerHandle) LoadBlocks(batch BlockLoadBatch) (*TransferJob, error) {
 		return nil, err
 	}
 	plans, bad := batch.planRows(w.planner)
-	return w.submit(kindLoad, plans, nil, bad), nil
+	return w.submit(kindLoad, plans, nil, bad, true), nil
 }
 
 // errNoLayout refuses the bulk path on a handle created without a layout.
