@@ -104,7 +104,10 @@ func TestPing(t *testing.T) {
 	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
 	stdout, _ := mustRun(t, exitOK, "", "ping", "-endpoint", srv.Endpoint(), "-count", "2", "-fd")
 	mustContain(t, "ping", stdout, srv.Endpoint(), srv.FDSocketPath(), "ready      true",
-		"STANDALONE_BACKEND_LOCAL", "ranged I/O yes", "over 2 pings", "fd handoff ok")
+		"STANDALONE_BACKEND_LOCAL", "ranged I/O yes", "GPU memory cannot tell: Ping does not say", "over 2 pings\n", "fd handoff ok")
+	if strings.Contains(stdout, "GPU memory by IPC") {
+		t.Errorf("ping claims GPU memory on a server that may have no GPU:\n%s", stdout)
+	}
 	if srv.Calls(umbptest.FDHandoff) != 1 {
 		t.Errorf("%d fd handoffs, want 1", srv.Calls(umbptest.FDHandoff))
 	}
@@ -117,15 +120,56 @@ func TestPing(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &res); err != nil {
 		t.Fatalf("%v:\n%s", err, stdout)
 	}
-	if !res.Ready || !res.RangedIO || len(res.RTTs) != 1 || res.FDHandoff != nil || res.Endpoint != srv.Endpoint() {
+	if !res.Ready || !res.RangedIO || len(res.RTTs) != 1 || res.FDHandoff != nil || res.Endpoint != srv.Endpoint() ||
+		res.GPUMemory != nil || res.GPUMemoryNote == "" {
 		t.Errorf("ping -json: %+v", res)
+	}
+	if !strings.Contains(stdout, `"gpu_memory": null`) {
+		t.Errorf("ping -json does not say gpu_memory null (cannot tell):\n%s", stdout)
+	}
+
+	stdout, _ = mustRun(t, exitOK, "", "ping", "-endpoint", srv.Endpoint(), "-count", "1")
+	mustContain(t, "ping -count 1", stdout, "over 1 ping\n")
+}
+
+// Servers without ranged I/O take no GPU memory, and ping says so.
+func TestPingNoRangedIO(t *testing.T) {
+	for _, opts := range []umbptest.Options{{Version: 1}, {DisableRangedIO: true}} {
+		opts.Capacity = 16 << 20
+		srv := umbptest.NewServer(t, opts)
+		stdout, _ := mustRun(t, exitOK, "", "ping", "-endpoint", srv.Endpoint(), "-count", "0")
+		mustContain(t, fmt.Sprintf("ping %+v", opts), stdout, "ranged I/O no", "GPU memory no: ")
+		if strings.Contains(stdout, "rtt") {
+			t.Errorf("ping -count 0 prints round trips:\n%s", stdout)
+		}
 	}
 }
 
-func TestPingV1(t *testing.T) {
-	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20, Version: 1})
-	stdout, _ := mustRun(t, exitOK, "", "ping", "-endpoint", srv.Endpoint(), "-count", "0")
-	mustContain(t, "ping v1", stdout, "ranged I/O no")
+// What ping says of GPU memory for each answer Ping can give.
+func TestGPUMemory(t *testing.T) {
+	for _, tc := range []struct {
+		caps umbp.ServerCapabilities
+		want string // "unknown" or "no"
+	}{
+		{umbp.ServerCapabilities{Ready: true, RangedIO: true, Mode: "STANDALONE_BACKEND_LOCAL"}, "unknown"},
+		{umbp.ServerCapabilities{Ready: true, RangedIO: true, Mode: "STANDALONE_BACKEND_DISTRIBUTED"}, "unknown"},
+		// A distributed v2 server may lack ranged I/O with its SSD tier off.
+		{umbp.ServerCapabilities{Ready: true, Mode: "STANDALONE_BACKEND_DISTRIBUTED"}, "unknown"},
+		{umbp.ServerCapabilities{Ready: true, Mode: "STANDALONE_BACKEND_LOCAL"}, "no"},
+		{umbp.ServerCapabilities{Ready: true, Mode: "STANDALONE_BACKEND_UNKNOWN"}, "no"},
+	} {
+		gpu, note := gpuMemory(tc.caps)
+		got := "unknown"
+		if gpu != nil {
+			if *gpu {
+				t.Errorf("%+v: GPU memory claimed", tc.caps)
+			}
+			got = "no"
+		}
+		if got != tc.want || note == "" {
+			t.Errorf("%+v: %s (%q), want %s", tc.caps, got, note, tc.want)
+		}
+	}
 }
 
 func TestPingFDHandoffRefused(t *testing.T) {
