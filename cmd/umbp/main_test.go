@@ -313,8 +313,17 @@ func TestKey(t *testing.T) {
 	if want := "umbp:vllm:v1:m:tp0:pcp0:dcp0:pp0:g0:ff\n"; stdout != want {
 		t.Errorf("key make from stdin: %q, want %q", stdout, want)
 	}
-	mustRun(t, exitFail, "", "key", "make", "-ns", "m", "abc") // odd-length hash
-	mustRun(t, exitOK, "", "key", "make", "-h")                // help after the subcommand
+	// A bad hash is a usage error, as a bad namespace is, and no key of
+	// the others is written.
+	for _, hash := range []string{"abc", "zzzz"} {
+		stdout, stderr := mustRun(t, exitUsage, "", "key", "make", "-ns", "llama", "00", hash)
+		mustContain(t, "key make "+hash, stderr, "umbp key: umbp: invalid key: hex hash \""+hash+"\"", "run 'umbp help key'")
+		if stdout != "" {
+			t.Errorf("key make 00 %s: wrote\n%s", hash, stdout)
+		}
+	}
+	mustRun(t, exitUsage, "zz\n", "key", "make", "-ns", "llama")
+	mustRun(t, exitOK, "", "key", "make", "-h") // help after the subcommand
 	if _, stderr := mustRun(t, exitUsage, "", "key", "make", "-bogus", "ab"); strings.Count(stderr, "-bogus") != 1 {
 		t.Errorf("key make -bogus: the error is not said once:\n%s", stderr)
 	}
@@ -328,7 +337,8 @@ func TestKey(t *testing.T) {
 	if want := "namespace=llama tp=1 pcp=2 dcp=0 pp=1 group=3 hash=abcd\n"; stdout != want {
 		t.Errorf("key parse: %q, want %q", stdout, want)
 	}
-	stdout, stderr := mustRun(t, exitFail, "", "key", "parse", "-json", "umbp:vllm:v1:llama:tp1:pcp2:dcp0:pp1:g3:abcd", "nope")
+	// An invalid key is a usage error; the valid ones are still decoded.
+	stdout, stderr := mustRun(t, exitUsage, "", "key", "parse", "-json", "umbp:vllm:v1:llama:tp1:pcp2:dcp0:pp1:g3:abcd", "nope")
 	var p parsedKey
 	if err := json.Unmarshal([]byte(stdout), &p); err != nil {
 		t.Fatalf("%v:\n%s", err, stdout)
