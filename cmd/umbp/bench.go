@@ -116,7 +116,7 @@ func benchFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string
 		if err != nil {
 			return err
 		}
-		res, err := bench(ctx, e, rt, bc)
+		res, err := bench(ctx, e, c, rt, bc)
 		if res != nil {
 			if *asJSON {
 				if jerr := printJSON(e, res); jerr != nil {
@@ -161,7 +161,7 @@ func (bc *benchConfig) validate() error {
 // bench stores, looks up and loads bc.rounds rounds of new objects through
 // one worker handle and one scheduler handle. It returns what it measured
 // so far, with an error when a round failed.
-func bench(ctx context.Context, e env, rt *umbp.StandaloneRuntime, bc benchConfig) (res *benchResult, err error) {
+func bench(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntime, bc benchConfig) (res *benchResult, err error) {
 	total := uint64(bc.objects) * bc.objectSize
 	chunk := bc.objectSize / uint64(bc.ranges)
 	src, err := umbp.NewHostBuffer(int(total))
@@ -192,7 +192,7 @@ func bench(ctx context.Context, e env, rt *umbp.StandaloneRuntime, bc benchConfi
 	if err == nil {
 		var dstPlanner *umbp.LayoutPlanner
 		if dstPlanner, err = umbp.NewLayoutPlanner(layout(dst)); err == nil {
-			return benchWith(ctx, e, rt, bc, src, dst, srcPlanner, dstPlanner)
+			return benchWith(ctx, e, c, rt, bc, src, dst, srcPlanner, dstPlanner)
 		}
 	}
 	src.Close()
@@ -200,7 +200,7 @@ func bench(ctx context.Context, e env, rt *umbp.StandaloneRuntime, bc benchConfi
 	return nil, err
 }
 
-func benchWith(ctx context.Context, e env, rt *umbp.StandaloneRuntime, bc benchConfig, src, dst *umbp.HostBuffer, srcPlanner, dstPlanner *umbp.LayoutPlanner) (res *benchResult, err error) {
+func benchWith(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntime, bc benchConfig, src, dst *umbp.HostBuffer, srcPlanner, dstPlanner *umbp.LayoutPlanner) (res *benchResult, err error) {
 	var tag [4]byte
 	_, _ = rand.Read(tag[:])
 	ns := "umbp-bench-" + hex.EncodeToString(tag[:])
@@ -278,7 +278,7 @@ func benchWith(ctx context.Context, e env, rt *umbp.StandaloneRuntime, bc benchC
 		start := time.Now()
 		hits := sched.Lookup(ctx, keys)
 		took = time.Since(start)
-		if err := answered(ctx, sched, before, rt.Config().LookupTimeout); err != nil {
+		if err := answered(ctx, c, sched, before); err != nil {
 			return res, fmt.Errorf("round %d: lookup: %w", r+1, err)
 		}
 		held := 0

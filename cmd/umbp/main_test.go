@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -180,10 +183,52 @@ func TestPingFDHandoffRefused(t *testing.T) {
 	mustContain(t, "ping", stderr, "umbp ping: fd handoff:")
 }
 
-func TestPingNoServer(t *testing.T) {
-	ep := filepath.Join(t.TempDir(), "none.grpc.sock")
-	_, stderr := mustRun(t, exitFail, "", "ping", "-endpoint", ep, "-timeout", "200ms")
-	mustContain(t, "ping", stderr, "unavailable")
+// No server at the endpoint: every command that asks one says so at once,
+// long before its -timeout, and says why.
+func TestNoServer(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "none.grpc.sock")
+	file := filepath.Join(dir, "file.grpc.sock")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A socket no process listens on, as a killed server leaves it.
+	stale := filepath.Join(dir, "stale.grpc.sock")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: stale, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetUnlinkOnClose(false)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ endpoint, want string }{
+		{missing, "no server socket at " + missing + ": start the server"},
+		{"unix://" + missing, "no server socket at " + missing + ": start the server"},
+		{file, file + " is not a socket"},
+		{stale, "no server listens on " + stale},
+	} {
+		for _, cmd := range [][]string{
+			{"ping"}, {"ping", "-fd"}, {"lookup", "-raw"}, {"clear", "-yes"}, {"bench", "-objects", "1"}, {"bench", "-suite", "-yes"},
+		} {
+			args := append(slices.Clone(cmd), "-endpoint", tc.endpoint, "-timeout", "30s")
+			if cmd[0] == "lookup" {
+				args = append(args, "a")
+			}
+			start := time.Now()
+			_, stderr := mustRun(t, exitFail, "", args...)
+			if took := time.Since(start); took > time.Second {
+				t.Errorf("umbp %s: answered in %v, want under a second", strings.Join(args, " "), took)
+			}
+			mustContain(t, strings.Join(args, " "), stderr, "umbp "+cmd[0]+": "+tc.want)
+			if strings.Contains(stderr, "level=") {
+				t.Errorf("umbp %s: the library's log on stderr:\n%s", strings.Join(args, " "), stderr)
+			}
+		}
+	}
+	// A usage error is still a usage error.
+	mustRun(t, exitUsage, "", "lookup", "-endpoint", missing, "notakey")
+	mustRun(t, exitUsage, "", "ping", "-endpoint", missing, "-count", "-1")
 }
 
 func TestPingStalled(t *testing.T) {
@@ -193,40 +238,85 @@ func TestPingStalled(t *testing.T) {
 	mustContain(t, "ping", stderr, "not ready within 200ms")
 }
 
+// testKey is the key umbp key make -ns m writes for hash h.
+func testKey(h string) string { return "umbp:vllm:v1:m:tp0:pcp0:dcp0:pp0:g0:" + h }
+
 func TestLookupKeys(t *testing.T) {
 	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
-	store(t, srv.Endpoint(), "a", "b", "d")
-	stdout, _ := mustRun(t, exitOK, "", "lookup", "-endpoint", srv.Endpoint(), "a", "b", "c", "d")
-	mustContain(t, "lookup", stdout, "hit  a\n", "hit  b\n", "miss c\n", "hit  d\n", "3 of 4 keys held, the leading 2 ")
+	a, b, c, d := testKey("0a"), testKey("0b"), testKey("0c"), testKey("0d")
+	store(t, srv.Endpoint(), a, b, d)
+	stdout, _ := mustRun(t, exitOK, "", "lookup", "-endpoint", srv.Endpoint(), a, b, c, d)
+	mustContain(t, "lookup", stdout, "hit  "+a+"\n", "hit  "+b+"\n", "miss "+c+"\n", "hit  "+d+"\n", "3 of 4 keys held, the leading 2 ")
 
-	stdout, _ = mustRun(t, exitOK, "c\nd\n", "lookup", "-endpoint", srv.Endpoint(), "-q")
+	stdout, _ = mustRun(t, exitOK, c+"\n"+d+"\n", "lookup", "-endpoint", srv.Endpoint(), "-q")
 	if strings.Contains(stdout, "hit") || !strings.HasPrefix(stdout, "1 of 2 keys held, the leading 0 ") {
 		t.Errorf("lookup -q from stdin:\n%s", stdout)
 	}
 	mustRun(t, exitUsage, "", "lookup", "-endpoint", srv.Endpoint())
 
-	stdout, _ = mustRun(t, exitOK, "", "lookup", "-endpoint", srv.Endpoint(), "-json", "a", "c")
+	stdout, _ = mustRun(t, exitOK, "", "lookup", "-endpoint", srv.Endpoint(), "-json", a, c)
 	var ans keysAnswer
 	if err := json.Unmarshal([]byte(stdout), &ans); err != nil {
 		t.Fatalf("%v:\n%s", err, stdout)
 	}
-	if want := []keyAnswer{{"a", true}, {"c", false}}; !slices.Equal(ans.Keys, want) || ans.Held != 1 || ans.Leading != 1 {
+	if want := []keyAnswer{{a, true}, {c, false}}; !slices.Equal(ans.Keys, want) || ans.Held != 1 || ans.Leading != 1 {
 		t.Errorf("lookup -json: %+v", ans)
 	}
+}
+
+// A string that is not a key is a usage error, from the arguments or from
+// standard input, before the server is asked; -raw looks up keys of any
+// form.
+func TestLookupNotAKey(t *testing.T) {
+	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
+	store(t, srv.Endpoint(), "bench-exists-0")
+	for _, tc := range []struct {
+		stdin string
+		args  []string
+	}{
+		{"", []string{"notakey"}},
+		{"", []string{testKey("0a"), "notakey"}},
+		{testKey("0a") + "\nnotakey\n", nil},
+		{"", []string{testKey("zz")}},
+	} {
+		args := append([]string{"lookup", "-endpoint", srv.Endpoint()}, tc.args...)
+		stdout, stderr := mustRun(t, exitUsage, tc.stdin, args...)
+		mustContain(t, "lookup", stderr, "invalid key", "pass -raw", "run 'umbp help lookup'")
+		if stdout != "" {
+			t.Errorf("umbp %s: wrote\n%s", strings.Join(args, " "), stdout)
+		}
+	}
+	if n := srv.Calls("BatchExists"); n != 0 {
+		t.Errorf("%d lookups reached the server, want 0", n)
+	}
+	stdout, _ := mustRun(t, exitOK, "", "lookup", "-endpoint", srv.Endpoint(), "-raw", "bench-exists-0", "notakey")
+	mustContain(t, "lookup -raw", stdout, "hit  bench-exists-0\n", "miss notakey\n", "1 of 2 keys held")
+	_, stderr := mustRun(t, exitUsage, "", "lookup", "-endpoint", srv.Endpoint(), "-raw", "a\xffb")
+	mustContain(t, "lookup -raw", stderr, "not valid UTF-8")
+	_, stderr = mustRun(t, exitUsage, "", "lookup", "-endpoint", srv.Endpoint(), "-raw", "-tokens", "-ns", "m", "-seed", "0", "1")
+	mustContain(t, "lookup -raw -tokens", stderr, "-raw is for keys")
 }
 
 func TestLookupStalled(t *testing.T) {
 	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
 	srv.Stall("BatchExists")
-	_, stderr := mustRun(t, exitFail, "", "lookup", "-endpoint", srv.Endpoint(), "-timeout", "200ms", "a")
+	_, stderr := mustRun(t, exitFail, "", "lookup", "-endpoint", srv.Endpoint(), "-timeout", "200ms", testKey("0a"))
 	mustContain(t, "lookup", stderr, "did not answer within 200ms")
 }
 
+// A failed lookup's reason, which the library only logs, is in the tool's
+// one line; the library's log itself is shown only with -v.
 func TestLookupFailed(t *testing.T) {
 	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
 	srv.FailNext("BatchExists", 1)
-	_, stderr := mustRun(t, exitFail, "", "lookup", "-endpoint", srv.Endpoint(), "a")
-	mustContain(t, "lookup", stderr, "lookup failed", "treating as a miss")
+	_, stderr := mustRun(t, exitFail, "", "lookup", "-endpoint", srv.Endpoint(), testKey("0a"))
+	mustContain(t, "lookup", stderr, "umbp lookup: the lookup failed (UMBP standalone call failed; treating as a miss: ", "its answers are not the pool's")
+	if n := strings.Count(stderr, "\n"); n != 1 || strings.Contains(stderr, "level=") {
+		t.Errorf("lookup: stderr is not the tool's one line:\n%s", stderr)
+	}
+	srv.FailNext("BatchExists", 1)
+	_, stderr = mustRun(t, exitFail, "", "lookup", "-endpoint", srv.Endpoint(), "-v", testKey("0a"))
+	mustContain(t, "lookup -v", stderr, "level=WARN", "level=DEBUG", "umbp lookup: the lookup failed")
 }
 
 func TestLookupTokens(t *testing.T) {
@@ -289,11 +379,17 @@ func TestClear(t *testing.T) {
 	if n := srv.Stats().Objects; n != 2 {
 		t.Fatalf("%d objects after a refused clear, want 2", n)
 	}
-	stdout, _ := mustRun(t, exitOK, "", "clear", "-endpoint", srv.Endpoint(), "-yes")
+	stdout, stderr := mustRun(t, exitOK, "", "clear", "-endpoint", srv.Endpoint(), "-yes")
 	mustContain(t, "clear", stdout, "cleared the pool at "+srv.Endpoint())
+	if stderr != "" {
+		t.Errorf("clear -yes: stderr is not empty:\n%s", stderr)
+	}
 	if n := srv.Stats().Objects; n != 0 {
 		t.Fatalf("%d objects after clear, want 0", n)
 	}
+	// -v shows the library's log, its own line about the clear included.
+	_, stderr = mustRun(t, exitOK, "", "clear", "-endpoint", srv.Endpoint(), "-yes", "-v")
+	mustContain(t, "clear -v", stderr, "cleared the UMBP standalone pool")
 }
 
 func TestClearStalled(t *testing.T) {

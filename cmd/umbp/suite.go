@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"slices"
 	"time"
 
@@ -212,14 +211,7 @@ func runSuite(ctx context.Context, e env, c *common, sc suiteConfig, asJSON bool
 	if sc.existsReps <= 0 || sc.bwReps <= 0 {
 		return fmt.Errorf("%w: -exists-reps and -bw-reps must be positive", errUsage)
 	}
-	rt, err := c.runtime(func(cfg *umbp.Config) {
-		if !c.verbose {
-			// The suite clears the pool before every store (the operator
-			// said -yes); each clear would warn that it removed every
-			// engine's KV.
-			cfg.Logger = slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-		}
-	})
+	rt, err := c.runtime()
 	if err != nil {
 		return err
 	}
