@@ -68,7 +68,7 @@ func benchFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string
 	fs.BoolVar(&bc.verify, "verify", true, "check that every loaded byte is what was stored")
 	fs.StringVar(&bc.progress, "progress", "auto", "progress bar on stderr: auto (when stderr is a terminal), on or off")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
-	standard := fs.Bool("suite", false, "run the standard suite instead, the workload of MORI's C++ umbp_bench, printing the same figures under the same names (lookups of 1, 64 and 1024 keys; 256 × 64 KiB, 64 × 4 MiB and 256 × 32 × 2 KiB scattered ranges, stored and loaded)")
+	standard := fs.Bool("suite", false, "run the standard suite instead, the workload of the C++ umbp_bench client docs/PERFORMANCE.md compares with, printing the same figures under the same names (lookups of 1, 64 and 1024 keys; 256 × 64 KiB, 64 × 4 MiB and 256 × 32 × 2 KiB scattered ranges, stored and loaded)")
 	var sc suiteConfig
 	fs.IntVar(&sc.existsReps, "exists-reps", 200, "with -suite: lookups timed per key count")
 	fs.IntVar(&sc.bwReps, "bw-reps", 7, "with -suite: stores and loads timed per workload")

@@ -10,7 +10,7 @@
 //	umbp key tokens -ns NS -seed S TOKEN...      the keys vLLM's connector stores for a prompt
 //	umbp clear -yes                              drop every object of every engine
 //	umbp bench [-objects N] [-object-size 4MiB]  store and load throughput, byte-checked
-//	umbp bench -suite -yes                       MORI's umbp_bench workload, side by side
+//	umbp bench -suite -yes                       the C++ umbp_bench client's workload, side by side
 //
 // Commands that talk to a server take -endpoint (default $UMBP_ENDPOINT,
 // else MORI's unix:///run/umbp/standalone/<$UMBP_NODE_ID or node0>.grpc.sock)

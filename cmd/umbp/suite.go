@@ -13,10 +13,12 @@ import (
 	"github.com/umbp-go/umbp-go/umbp"
 )
 
-// The standard suite: the workload of MORI's own C++ bench client
-// (umbp_bench), through this module's public API, printed under the same
-// names, so that one script can put the C++ client and this one side by
-// side on one server process:
+// The standard suite: the workload of the C++ bench client umbp_bench
+// that docs/PERFORMANCE.md measured (the same calls through MORI's
+// StandaloneProcessClient; built outside this repository, not one of
+// MORI's programs), through this module's public API, printed under the
+// same names, so that one script can put the C++ client and this one side
+// by side on one server process:
 //
 //   - exists_{1,64,1024}_us: the median of existsReps lookups of that many
 //     keys, all held (1024 objects of 4 KiB stored first), after 10 unmeasured;
