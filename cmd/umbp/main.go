@@ -280,7 +280,8 @@ func (c *common) config() umbp.Config {
 }
 
 // runtime validates the flags into a runtime, with the command's own
-// changes to the configuration, if any.
+// changes to the configuration, if any, and checks that a server listens
+// at its endpoint (see listening).
 func (c *common) runtime(adjust ...func(*umbp.Config)) (*umbp.StandaloneRuntime, error) {
 	if c.timeout <= 0 {
 		return nil, fmt.Errorf("%w: -timeout must be positive", errUsage)
