@@ -68,7 +68,7 @@ func benchFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string
 	fs.BoolVar(&bc.verify, "verify", true, "check that every loaded byte is what was stored")
 	fs.StringVar(&bc.progress, "progress", "auto", "progress bar on stderr: auto (when stderr is a terminal), on or off")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
-	standard := fs.Bool("suite", false, "run the standard suite instead, the workload of MORI's C++ umbp_bench, printing the same figures under the same names (lookups of 1, 64 and 1024 keys; 256 × 64 KiB, 64 × 4 MiB and 256 × 32 × 2 KiB scattered ranges, stored and loaded)")
+	standard := fs.Bool("suite", false, "run the standard suite instead, the workload of the C++ umbp_bench client docs/PERFORMANCE.md compares with, printing the same figures under the same names (lookups of 1, 64 and 1024 keys; 256 × 64 KiB, 64 × 4 MiB and 256 × 32 × 2 KiB scattered ranges, stored and loaded)")
 	var sc suiteConfig
 	fs.IntVar(&sc.existsReps, "exists-reps", 200, "with -suite: lookups timed per key count")
 	fs.IntVar(&sc.bwReps, "bw-reps", 7, "with -suite: stores and loads timed per workload")
@@ -116,7 +116,7 @@ func benchFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string
 		if err != nil {
 			return err
 		}
-		res, err := bench(ctx, e, rt, bc)
+		res, err := bench(ctx, e, c, rt, bc)
 		if res != nil {
 			if *asJSON {
 				if jerr := printJSON(e, res); jerr != nil {
@@ -161,7 +161,7 @@ func (bc *benchConfig) validate() error {
 // bench stores, looks up and loads bc.rounds rounds of new objects through
 // one worker handle and one scheduler handle. It returns what it measured
 // so far, with an error when a round failed.
-func bench(ctx context.Context, e env, rt *umbp.StandaloneRuntime, bc benchConfig) (res *benchResult, err error) {
+func bench(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntime, bc benchConfig) (res *benchResult, err error) {
 	total := uint64(bc.objects) * bc.objectSize
 	chunk := bc.objectSize / uint64(bc.ranges)
 	src, err := umbp.NewHostBuffer(int(total))
@@ -192,7 +192,7 @@ func bench(ctx context.Context, e env, rt *umbp.StandaloneRuntime, bc benchConfi
 	if err == nil {
 		var dstPlanner *umbp.LayoutPlanner
 		if dstPlanner, err = umbp.NewLayoutPlanner(layout(dst)); err == nil {
-			return benchWith(ctx, e, rt, bc, src, dst, srcPlanner, dstPlanner)
+			return benchWith(ctx, e, c, rt, bc, src, dst, srcPlanner, dstPlanner)
 		}
 	}
 	src.Close()
@@ -200,7 +200,7 @@ func bench(ctx context.Context, e env, rt *umbp.StandaloneRuntime, bc benchConfi
 	return nil, err
 }
 
-func benchWith(ctx context.Context, e env, rt *umbp.StandaloneRuntime, bc benchConfig, src, dst *umbp.HostBuffer, srcPlanner, dstPlanner *umbp.LayoutPlanner) (res *benchResult, err error) {
+func benchWith(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntime, bc benchConfig, src, dst *umbp.HostBuffer, srcPlanner, dstPlanner *umbp.LayoutPlanner) (res *benchResult, err error) {
 	var tag [4]byte
 	_, _ = rand.Read(tag[:])
 	ns := "umbp-bench-" + hex.EncodeToString(tag[:])
@@ -278,7 +278,7 @@ func benchWith(ctx context.Context, e env, rt *umbp.StandaloneRuntime, bc benchC
 		start := time.Now()
 		hits := sched.Lookup(ctx, keys)
 		took = time.Since(start)
-		if err := answered(ctx, sched, before, rt.Config().LookupTimeout); err != nil {
+		if err := answered(ctx, c, sched, before); err != nil {
 			return res, fmt.Errorf("round %d: lookup: %w", r+1, err)
 		}
 		held := 0

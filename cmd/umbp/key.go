@@ -28,12 +28,13 @@ func keyFlags(fs *flag.FlagSet, _ *common) func(context.Context, env, []string) 
   umbp key tokens -ns NS -seed SEED [-algo A] [-topo tp=S,...] [-groups ID:BS,...] [TOKEN... | -]
 
 make writes the key of each block hash (hex) for one rank; parse decodes keys
-(an invalid key is reported and the status is 1); tokens writes the keys
+(each invalid key is reported, the others decoded); tokens writes the keys
 vLLM's UMBP connector stores a prompt's full blocks under, every rank of
 every group, in the order a prefix lookup asks for them. Hashes, keys and
 tokens come from the arguments, or from standard input when there are none
 (or the only one is "-"); tokens may be separated by spaces, commas or
 newlines, and brackets are ignored, so a JSON array of token IDs works.
+A bad hash, key, namespace or token is a usage error (status 2).
 
 flags:
 `)
@@ -73,11 +74,15 @@ func keyMake(e env, kf *keyerFlags, group int, args []string) error {
 	if err != nil {
 		return err
 	}
-	for _, h := range hashes {
-		k, err := codec.KeyHex(group, h)
-		if err != nil {
-			return err
+	// Every hash is checked before any key is written: a bad one is a
+	// usage error, as a bad namespace is.
+	keys := make([]string, len(hashes))
+	for i, h := range hashes {
+		if keys[i], err = codec.KeyHex(group, h); err != nil {
+			return fmt.Errorf("%w: %w", errUsage, err)
 		}
+	}
+	for _, k := range keys {
 		fmt.Fprintln(e.stdout, k)
 	}
 	return nil
@@ -117,7 +122,10 @@ func keyParse(e env, asJSON bool, args []string) error {
 		fmt.Fprintf(e.stdout, "namespace=%s tp=%d pcp=%d dcp=%d pp=%d group=%d hash=%x\n",
 			p.Namespace, p.TPRank, p.PCPRank, p.DCPRank, p.PPRank, p.Group, p.Hash)
 	}
-	return errors.Join(errs...)
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %w", errUsage, errors.Join(errs...))
+	}
+	return nil
 }
 
 func keyTokens(e env, kf *keyerFlags, args []string) error {

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/umbp-go/umbp-go/umbp"
 )
@@ -17,18 +18,23 @@ func lookupFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []strin
 	kf.register(fs)
 	tokens := fs.Bool("tokens", false, "the arguments (or standard input) are a prompt's token IDs: show how much of it the pool holds, keyed as -ns, -seed, -algo, -topo and -groups say")
 	quiet := fs.Bool("q", false, "keys: print only the summary, not a line per key")
+	raw := fs.Bool("raw", false, "keys: look the keys up as they are, whatever their form (keys other clients store, such as bench -suite's); without -raw each must be a key as 'umbp key make' writes it")
 	asJSON := fs.Bool("json", false, "print the answer as JSON")
 	return func(ctx context.Context, e env, args []string) error {
-		rt, err := c.runtime()
-		if err != nil {
-			return err
-		}
+		// The input is checked before the server is asked.
 		if *tokens {
+			if *raw {
+				return fmt.Errorf("%w: -raw is for keys, not -tokens", errUsage)
+			}
 			keyer, err := kf.keyer()
 			if err != nil {
 				return err
 			}
 			toks, err := readTokens(e.stdin, args)
+			if err != nil {
+				return err
+			}
+			rt, err := c.runtime()
 			if err != nil {
 				return err
 			}
@@ -41,8 +47,40 @@ func lookupFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []strin
 		if len(keys) == 0 {
 			return fmt.Errorf("%w: name the keys to look up", errUsage)
 		}
+		if err := checkKeys(keys, *raw); err != nil {
+			return err
+		}
+		rt, err := c.runtime()
+		if err != nil {
+			return err
+		}
 		return lookupKeys(ctx, e, c, rt, keys, *quiet, *asJSON)
 	}
+}
+
+// checkKeys returns a usage error for the keys that are not keys: without
+// raw, each must parse as a key of umbp.KeyCodec's form; with raw, each
+// must be one the server can be asked about (valid UTF-8: the library
+// answers the others as misses without asking).
+func checkKeys(keys []string, raw bool) error {
+	var errs []error
+	for _, k := range keys {
+		switch {
+		case raw && !utf8.ValidString(k):
+			errs = append(errs, fmt.Errorf("key %q is not valid UTF-8: no server can hold it", k))
+		case !raw:
+			if _, err := umbp.ParseKey(k); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	switch {
+	case len(errs) == 0:
+		return nil
+	case raw:
+		return fmt.Errorf("%w: %w", errUsage, errors.Join(errs...))
+	}
+	return fmt.Errorf("%w: %w\n(pass -raw to look up keys of another form)", errUsage, errors.Join(errs...))
 }
 
 // scheduler attaches a scheduler handle, as an engine's scheduler would.
@@ -60,16 +98,21 @@ func closeScheduler(e env, h *umbp.SchedulerHandle) {
 
 // answered reports whether the handle's lookups since before got answers:
 // a lookup that failed or timed out answers every key as a miss, which is
-// not the pool's answer.
-func answered(ctx context.Context, h *umbp.SchedulerHandle, before umbp.Stats, timeout time.Duration) error {
+// not the pool's answer. The library tells why a lookup failed only in its
+// log: the error quotes its last warning.
+func answered(ctx context.Context, c *common, h *umbp.SchedulerHandle, before umbp.Stats) error {
 	after := h.Stats()
 	switch {
 	case ctx.Err() != nil:
 		return fmt.Errorf("lookup interrupted: %w", ctx.Err())
 	case after.Timeouts > before.Timeouts:
-		return fmt.Errorf("the server did not answer within %v: its answers are not the pool's", timeout)
+		return fmt.Errorf("the server did not answer within %v: its answers are not the pool's", c.timeout)
 	case after.Failures > before.Failures:
-		return errors.New("the lookup failed (the reason is logged): its answers are not the pool's")
+		why := "the library logged no reason"
+		if w := c.lib.lastWarning(); w != "" {
+			why = w
+		}
+		return fmt.Errorf("the lookup failed (%s): its answers are not the pool's", why)
 	}
 	return nil
 }
@@ -112,7 +155,7 @@ func lookupKeys(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntim
 	start := time.Now()
 	hits := h.Lookup(ctx, keys)
 	took := time.Since(start)
-	if err := answered(ctx, h, before, c.timeout); err != nil {
+	if err := answered(ctx, c, h, before); err != nil {
 		return err
 	}
 	ans := keysAnswer{Keys: make([]keyAnswer, len(keys)), Seconds: took.Seconds()}
@@ -161,7 +204,7 @@ func lookupTokens(ctx context.Context, e env, c *common, rt *umbp.StandaloneRunt
 	defer closeScheduler(e, h)
 	before := h.Stats()
 	n := h.LookupPrefix(ctx, keys.Keys)
-	if err := answered(ctx, h, before, c.timeout); err != nil {
+	if err := answered(ctx, c, h, before); err != nil {
 		return err
 	}
 	ans := tokensAnswer{Tokens: len(tokens), Keys: len(keys.Keys), HeldKeys: n, HeldTokens: keys.Tokens(n)}

@@ -10,14 +10,17 @@
 //	umbp key tokens -ns NS -seed S TOKEN...      the keys vLLM's connector stores for a prompt
 //	umbp clear -yes                              drop every object of every engine
 //	umbp bench [-objects N] [-object-size 4MiB]  store and load throughput, byte-checked
-//	umbp bench -suite -yes                       MORI's umbp_bench workload, side by side
+//	umbp bench -suite -yes                       the C++ umbp_bench client's workload, side by side
 //
 // Commands that talk to a server take -endpoint (default $UMBP_ENDPOINT,
 // else MORI's unix:///run/umbp/standalone/<$UMBP_NODE_ID or node0>.grpc.sock)
 // and -timeout; the server must pass the same identity check an engine's
 // handles make (-trust-uid widens it). The exit status is 0 on success, 1
 // when the server could not be asked, did not answer or refused, 2 for a
-// usage error. `umbp help COMMAND` lists a command's flags.
+// usage error. A server socket that is missing, or that no process
+// listens on, is reported at once; a server that answers its socket but
+// is not ready yet is waited for up to -timeout. The client library's log
+// is shown only with -v. `umbp help COMMAND` lists a command's flags.
 //
 // Every command goes through the public package, exactly as an engine
 // would: lookup, ping and clear through a scheduler handle, bench through a
@@ -32,11 +35,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -170,7 +177,8 @@ type common struct {
 	timeout  time.Duration
 	trusted  uidList
 	verbose  bool
-	log      *slog.Logger
+	log      *slog.Logger // the client library's
+	lib      *libLog      // what log keeps of it
 }
 
 // register adds the shared flags, with the command's default timeout.
@@ -178,15 +186,85 @@ func (c *common) register(fs *flag.FlagSet, timeout time.Duration, timeoutDoc st
 	fs.StringVar(&c.endpoint, "endpoint", endpoint.Default(), "server socket: an absolute path or unix:///abs/path")
 	fs.DurationVar(&c.timeout, "timeout", timeout, timeoutDoc)
 	fs.Var(&c.trusted, "trust-uid", "uids besides yours and root's trusted to run the server, comma-separated")
-	fs.BoolVar(&c.verbose, "v", false, "log the client library's debug messages on stderr")
+	fs.BoolVar(&c.verbose, "v", false, "show the client library's log on stderr, debug messages included (without -v it shows none)")
 }
 
+// logger returns the client library's logger. The tool's own lines are its
+// answer: the library's log goes to w only with -v; without, nothing of it
+// is shown, and c.lib keeps its last warning for the one failure the
+// library reports only in its log (a lookup that fails answers misses).
 func (c *common) logger(w io.Writer) *slog.Logger {
-	level := slog.LevelWarn
+	c.lib = &libLog{last: new(lastWarning)}
 	if c.verbose {
-		level = slog.LevelDebug
+		c.lib.next = slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})
 	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+	return slog.New(c.lib)
+}
+
+// libLog is the slog.Handler the client library logs to: it passes every
+// record to next (nil without -v) and keeps the last warning or error.
+type libLog struct {
+	next  slog.Handler
+	last  *lastWarning
+	attrs []slog.Attr // from WithAttrs, for the kept text
+}
+
+// lastWarning is the text of the last record at slog.LevelWarn or above.
+type lastWarning struct {
+	mu   sync.Mutex
+	text string
+}
+
+func (l *libLog) Enabled(ctx context.Context, level slog.Level) bool {
+	return level >= slog.LevelWarn || (l.next != nil && l.next.Enabled(ctx, level))
+}
+
+func (l *libLog) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn {
+		var b strings.Builder
+		b.WriteString(r.Message)
+		add := func(a slog.Attr) bool {
+			if a.Key == "err" || a.Key == "reason" {
+				fmt.Fprintf(&b, ": %v", a.Value)
+			}
+			return true
+		}
+		for _, a := range l.attrs {
+			add(a)
+		}
+		r.Attrs(add)
+		l.last.mu.Lock()
+		l.last.text = b.String()
+		l.last.mu.Unlock()
+	}
+	if l.next != nil && l.next.Enabled(ctx, r.Level) {
+		return l.next.Handle(ctx, r)
+	}
+	return nil
+}
+
+func (l *libLog) WithAttrs(attrs []slog.Attr) slog.Handler {
+	c := *l
+	c.attrs = append(slices.Clip(l.attrs), attrs...)
+	if l.next != nil {
+		c.next = l.next.WithAttrs(attrs)
+	}
+	return &c
+}
+
+func (l *libLog) WithGroup(name string) slog.Handler {
+	c := *l
+	if l.next != nil {
+		c.next = l.next.WithGroup(name)
+	}
+	return &c
+}
+
+// lastWarning returns the text of the library's last warning, "" if none.
+func (l *libLog) lastWarning() string {
+	l.last.mu.Lock()
+	defer l.last.mu.Unlock()
+	return l.last.text
 }
 
 // config is the client configuration the flags describe.
@@ -202,7 +280,8 @@ func (c *common) config() umbp.Config {
 }
 
 // runtime validates the flags into a runtime, with the command's own
-// changes to the configuration, if any.
+// changes to the configuration, if any, and checks that a server listens
+// at its endpoint (see listening).
 func (c *common) runtime(adjust ...func(*umbp.Config)) (*umbp.StandaloneRuntime, error) {
 	if c.timeout <= 0 {
 		return nil, fmt.Errorf("%w: -timeout must be positive", errUsage)
@@ -215,7 +294,41 @@ func (c *common) runtime(adjust ...func(*umbp.Config)) (*umbp.StandaloneRuntime,
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
+	if err := listening(rt.Endpoint()); err != nil {
+		return nil, err
+	}
 	return rt, nil
+}
+
+// listening returns at once, as an error, what keeps any server from
+// answering at endpoint now: no socket there, something else at its path,
+// or a socket no process listens on (left by a server that exited). The
+// library would wait up to StartupTimeout for a server that is starting;
+// the tool asks about the server that runs. The check connects to the
+// socket and closes it at once, sending nothing.
+func listening(endpoint string) error {
+	path := strings.TrimPrefix(endpoint, "unix://") // normalized by the runtime
+	fi, err := os.Stat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("no server socket at %s: start the server, or name its socket with -endpoint (or $UMBP_ENDPOINT)", path)
+	case err != nil:
+		return fmt.Errorf("server socket: %w", err)
+	case fi.Mode().Type() != fs.ModeSocket:
+		return fmt.Errorf("%s is not a socket (mode %v): name the server's socket with -endpoint (or $UMBP_ENDPOINT)", path, fi.Mode())
+	}
+	d := net.Dialer{Timeout: time.Second}
+	c, err := d.Dial("unix", path)
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Errorf("no server listens on %s (a socket left by a server that exited?): start the server", path)
+	case errors.Is(err, fs.ErrPermission):
+		return fmt.Errorf("server socket: %w", err)
+	}
+	if err == nil {
+		_ = c.Close()
+	}
+	return nil // any other error is the library's to report, after its wait
 }
 
 // uidList is a flag of comma-separated uids.

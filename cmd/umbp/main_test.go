@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -104,7 +107,10 @@ func TestPing(t *testing.T) {
 	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
 	stdout, _ := mustRun(t, exitOK, "", "ping", "-endpoint", srv.Endpoint(), "-count", "2", "-fd")
 	mustContain(t, "ping", stdout, srv.Endpoint(), srv.FDSocketPath(), "ready      true",
-		"STANDALONE_BACKEND_LOCAL", "ranged I/O yes", "over 2 pings", "fd handoff ok")
+		"STANDALONE_BACKEND_LOCAL", "ranged I/O yes", "GPU memory cannot tell: Ping does not say", "over 2 pings\n", "fd handoff ok")
+	if strings.Contains(stdout, "GPU memory by IPC") {
+		t.Errorf("ping claims GPU memory on a server that may have no GPU:\n%s", stdout)
+	}
 	if srv.Calls(umbptest.FDHandoff) != 1 {
 		t.Errorf("%d fd handoffs, want 1", srv.Calls(umbptest.FDHandoff))
 	}
@@ -117,15 +123,56 @@ func TestPing(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &res); err != nil {
 		t.Fatalf("%v:\n%s", err, stdout)
 	}
-	if !res.Ready || !res.RangedIO || len(res.RTTs) != 1 || res.FDHandoff != nil || res.Endpoint != srv.Endpoint() {
+	if !res.Ready || !res.RangedIO || len(res.RTTs) != 1 || res.FDHandoff != nil || res.Endpoint != srv.Endpoint() ||
+		res.GPUMemory != nil || res.GPUMemoryNote == "" {
 		t.Errorf("ping -json: %+v", res)
+	}
+	if !strings.Contains(stdout, `"gpu_memory": null`) {
+		t.Errorf("ping -json does not say gpu_memory null (cannot tell):\n%s", stdout)
+	}
+
+	stdout, _ = mustRun(t, exitOK, "", "ping", "-endpoint", srv.Endpoint(), "-count", "1")
+	mustContain(t, "ping -count 1", stdout, "over 1 ping\n")
+}
+
+// Servers without ranged I/O take no GPU memory, and ping says so.
+func TestPingNoRangedIO(t *testing.T) {
+	for _, opts := range []umbptest.Options{{Version: 1}, {DisableRangedIO: true}} {
+		opts.Capacity = 16 << 20
+		srv := umbptest.NewServer(t, opts)
+		stdout, _ := mustRun(t, exitOK, "", "ping", "-endpoint", srv.Endpoint(), "-count", "0")
+		mustContain(t, fmt.Sprintf("ping %+v", opts), stdout, "ranged I/O no", "GPU memory no: ")
+		if strings.Contains(stdout, "rtt") {
+			t.Errorf("ping -count 0 prints round trips:\n%s", stdout)
+		}
 	}
 }
 
-func TestPingV1(t *testing.T) {
-	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20, Version: 1})
-	stdout, _ := mustRun(t, exitOK, "", "ping", "-endpoint", srv.Endpoint(), "-count", "0")
-	mustContain(t, "ping v1", stdout, "ranged I/O no")
+// What ping says of GPU memory for each answer Ping can give.
+func TestGPUMemory(t *testing.T) {
+	for _, tc := range []struct {
+		caps umbp.ServerCapabilities
+		want string // "unknown" or "no"
+	}{
+		{umbp.ServerCapabilities{Ready: true, RangedIO: true, Mode: "STANDALONE_BACKEND_LOCAL"}, "unknown"},
+		{umbp.ServerCapabilities{Ready: true, RangedIO: true, Mode: "STANDALONE_BACKEND_DISTRIBUTED"}, "unknown"},
+		// A distributed v2 server may lack ranged I/O with its SSD tier off.
+		{umbp.ServerCapabilities{Ready: true, Mode: "STANDALONE_BACKEND_DISTRIBUTED"}, "unknown"},
+		{umbp.ServerCapabilities{Ready: true, Mode: "STANDALONE_BACKEND_LOCAL"}, "no"},
+		{umbp.ServerCapabilities{Ready: true, Mode: "STANDALONE_BACKEND_UNKNOWN"}, "no"},
+	} {
+		gpu, note := gpuMemory(tc.caps)
+		got := "unknown"
+		if gpu != nil {
+			if *gpu {
+				t.Errorf("%+v: GPU memory claimed", tc.caps)
+			}
+			got = "no"
+		}
+		if got != tc.want || note == "" {
+			t.Errorf("%+v: %s (%q), want %s", tc.caps, got, note, tc.want)
+		}
+	}
 }
 
 func TestPingFDHandoffRefused(t *testing.T) {
@@ -136,10 +183,52 @@ func TestPingFDHandoffRefused(t *testing.T) {
 	mustContain(t, "ping", stderr, "umbp ping: fd handoff:")
 }
 
-func TestPingNoServer(t *testing.T) {
-	ep := filepath.Join(t.TempDir(), "none.grpc.sock")
-	_, stderr := mustRun(t, exitFail, "", "ping", "-endpoint", ep, "-timeout", "200ms")
-	mustContain(t, "ping", stderr, "unavailable")
+// No server at the endpoint: every command that asks one says so at once,
+// long before its -timeout, and says why.
+func TestNoServer(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "none.grpc.sock")
+	file := filepath.Join(dir, "file.grpc.sock")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A socket no process listens on, as a killed server leaves it.
+	stale := filepath.Join(dir, "stale.grpc.sock")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: stale, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetUnlinkOnClose(false)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ endpoint, want string }{
+		{missing, "no server socket at " + missing + ": start the server"},
+		{"unix://" + missing, "no server socket at " + missing + ": start the server"},
+		{file, file + " is not a socket"},
+		{stale, "no server listens on " + stale},
+	} {
+		for _, cmd := range [][]string{
+			{"ping"}, {"ping", "-fd"}, {"lookup", "-raw"}, {"clear", "-yes"}, {"bench", "-objects", "1"}, {"bench", "-suite", "-yes"},
+		} {
+			args := append(slices.Clone(cmd), "-endpoint", tc.endpoint, "-timeout", "30s")
+			if cmd[0] == "lookup" {
+				args = append(args, "a")
+			}
+			start := time.Now()
+			_, stderr := mustRun(t, exitFail, "", args...)
+			if took := time.Since(start); took > time.Second {
+				t.Errorf("umbp %s: answered in %v, want under a second", strings.Join(args, " "), took)
+			}
+			mustContain(t, strings.Join(args, " "), stderr, "umbp "+cmd[0]+": "+tc.want)
+			if strings.Contains(stderr, "level=") {
+				t.Errorf("umbp %s: the library's log on stderr:\n%s", strings.Join(args, " "), stderr)
+			}
+		}
+	}
+	// A usage error is still a usage error.
+	mustRun(t, exitUsage, "", "lookup", "-endpoint", missing, "notakey")
+	mustRun(t, exitUsage, "", "ping", "-endpoint", missing, "-count", "-1")
 }
 
 func TestPingStalled(t *testing.T) {
@@ -149,40 +238,85 @@ func TestPingStalled(t *testing.T) {
 	mustContain(t, "ping", stderr, "not ready within 200ms")
 }
 
+// testKey is the key umbp key make -ns m writes for hash h.
+func testKey(h string) string { return "umbp:vllm:v1:m:tp0:pcp0:dcp0:pp0:g0:" + h }
+
 func TestLookupKeys(t *testing.T) {
 	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
-	store(t, srv.Endpoint(), "a", "b", "d")
-	stdout, _ := mustRun(t, exitOK, "", "lookup", "-endpoint", srv.Endpoint(), "a", "b", "c", "d")
-	mustContain(t, "lookup", stdout, "hit  a\n", "hit  b\n", "miss c\n", "hit  d\n", "3 of 4 keys held, the leading 2 ")
+	a, b, c, d := testKey("0a"), testKey("0b"), testKey("0c"), testKey("0d")
+	store(t, srv.Endpoint(), a, b, d)
+	stdout, _ := mustRun(t, exitOK, "", "lookup", "-endpoint", srv.Endpoint(), a, b, c, d)
+	mustContain(t, "lookup", stdout, "hit  "+a+"\n", "hit  "+b+"\n", "miss "+c+"\n", "hit  "+d+"\n", "3 of 4 keys held, the leading 2 ")
 
-	stdout, _ = mustRun(t, exitOK, "c\nd\n", "lookup", "-endpoint", srv.Endpoint(), "-q")
+	stdout, _ = mustRun(t, exitOK, c+"\n"+d+"\n", "lookup", "-endpoint", srv.Endpoint(), "-q")
 	if strings.Contains(stdout, "hit") || !strings.HasPrefix(stdout, "1 of 2 keys held, the leading 0 ") {
 		t.Errorf("lookup -q from stdin:\n%s", stdout)
 	}
 	mustRun(t, exitUsage, "", "lookup", "-endpoint", srv.Endpoint())
 
-	stdout, _ = mustRun(t, exitOK, "", "lookup", "-endpoint", srv.Endpoint(), "-json", "a", "c")
+	stdout, _ = mustRun(t, exitOK, "", "lookup", "-endpoint", srv.Endpoint(), "-json", a, c)
 	var ans keysAnswer
 	if err := json.Unmarshal([]byte(stdout), &ans); err != nil {
 		t.Fatalf("%v:\n%s", err, stdout)
 	}
-	if want := []keyAnswer{{"a", true}, {"c", false}}; !slices.Equal(ans.Keys, want) || ans.Held != 1 || ans.Leading != 1 {
+	if want := []keyAnswer{{a, true}, {c, false}}; !slices.Equal(ans.Keys, want) || ans.Held != 1 || ans.Leading != 1 {
 		t.Errorf("lookup -json: %+v", ans)
 	}
+}
+
+// A string that is not a key is a usage error, from the arguments or from
+// standard input, before the server is asked; -raw looks up keys of any
+// form.
+func TestLookupNotAKey(t *testing.T) {
+	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
+	store(t, srv.Endpoint(), "bench-exists-0")
+	for _, tc := range []struct {
+		stdin string
+		args  []string
+	}{
+		{"", []string{"notakey"}},
+		{"", []string{testKey("0a"), "notakey"}},
+		{testKey("0a") + "\nnotakey\n", nil},
+		{"", []string{testKey("zz")}},
+	} {
+		args := append([]string{"lookup", "-endpoint", srv.Endpoint()}, tc.args...)
+		stdout, stderr := mustRun(t, exitUsage, tc.stdin, args...)
+		mustContain(t, "lookup", stderr, "invalid key", "pass -raw", "run 'umbp help lookup'")
+		if stdout != "" {
+			t.Errorf("umbp %s: wrote\n%s", strings.Join(args, " "), stdout)
+		}
+	}
+	if n := srv.Calls("BatchExists"); n != 0 {
+		t.Errorf("%d lookups reached the server, want 0", n)
+	}
+	stdout, _ := mustRun(t, exitOK, "", "lookup", "-endpoint", srv.Endpoint(), "-raw", "bench-exists-0", "notakey")
+	mustContain(t, "lookup -raw", stdout, "hit  bench-exists-0\n", "miss notakey\n", "1 of 2 keys held")
+	_, stderr := mustRun(t, exitUsage, "", "lookup", "-endpoint", srv.Endpoint(), "-raw", "a\xffb")
+	mustContain(t, "lookup -raw", stderr, "not valid UTF-8")
+	_, stderr = mustRun(t, exitUsage, "", "lookup", "-endpoint", srv.Endpoint(), "-raw", "-tokens", "-ns", "m", "-seed", "0", "1")
+	mustContain(t, "lookup -raw -tokens", stderr, "-raw is for keys")
 }
 
 func TestLookupStalled(t *testing.T) {
 	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
 	srv.Stall("BatchExists")
-	_, stderr := mustRun(t, exitFail, "", "lookup", "-endpoint", srv.Endpoint(), "-timeout", "200ms", "a")
+	_, stderr := mustRun(t, exitFail, "", "lookup", "-endpoint", srv.Endpoint(), "-timeout", "200ms", testKey("0a"))
 	mustContain(t, "lookup", stderr, "did not answer within 200ms")
 }
 
+// A failed lookup's reason, which the library only logs, is in the tool's
+// one line; the library's log itself is shown only with -v.
 func TestLookupFailed(t *testing.T) {
 	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
 	srv.FailNext("BatchExists", 1)
-	_, stderr := mustRun(t, exitFail, "", "lookup", "-endpoint", srv.Endpoint(), "a")
-	mustContain(t, "lookup", stderr, "lookup failed", "treating as a miss")
+	_, stderr := mustRun(t, exitFail, "", "lookup", "-endpoint", srv.Endpoint(), testKey("0a"))
+	mustContain(t, "lookup", stderr, "umbp lookup: the lookup failed (UMBP standalone call failed; treating as a miss: ", "its answers are not the pool's")
+	if n := strings.Count(stderr, "\n"); n != 1 || strings.Contains(stderr, "level=") {
+		t.Errorf("lookup: stderr is not the tool's one line:\n%s", stderr)
+	}
+	srv.FailNext("BatchExists", 1)
+	_, stderr = mustRun(t, exitFail, "", "lookup", "-endpoint", srv.Endpoint(), "-v", testKey("0a"))
+	mustContain(t, "lookup -v", stderr, "level=WARN", "level=DEBUG", "umbp lookup: the lookup failed")
 }
 
 func TestLookupTokens(t *testing.T) {
@@ -245,11 +379,17 @@ func TestClear(t *testing.T) {
 	if n := srv.Stats().Objects; n != 2 {
 		t.Fatalf("%d objects after a refused clear, want 2", n)
 	}
-	stdout, _ := mustRun(t, exitOK, "", "clear", "-endpoint", srv.Endpoint(), "-yes")
+	stdout, stderr := mustRun(t, exitOK, "", "clear", "-endpoint", srv.Endpoint(), "-yes")
 	mustContain(t, "clear", stdout, "cleared the pool at "+srv.Endpoint())
+	if stderr != "" {
+		t.Errorf("clear -yes: stderr is not empty:\n%s", stderr)
+	}
 	if n := srv.Stats().Objects; n != 0 {
 		t.Fatalf("%d objects after clear, want 0", n)
 	}
+	// -v shows the library's log, its own line about the clear included.
+	_, stderr = mustRun(t, exitOK, "", "clear", "-endpoint", srv.Endpoint(), "-yes", "-v")
+	mustContain(t, "clear -v", stderr, "cleared the UMBP standalone pool")
 }
 
 func TestClearStalled(t *testing.T) {
@@ -269,8 +409,17 @@ func TestKey(t *testing.T) {
 	if want := "umbp:vllm:v1:m:tp0:pcp0:dcp0:pp0:g0:ff\n"; stdout != want {
 		t.Errorf("key make from stdin: %q, want %q", stdout, want)
 	}
-	mustRun(t, exitFail, "", "key", "make", "-ns", "m", "abc") // odd-length hash
-	mustRun(t, exitOK, "", "key", "make", "-h")                // help after the subcommand
+	// A bad hash is a usage error, as a bad namespace is, and no key of
+	// the others is written.
+	for _, hash := range []string{"abc", "zzzz"} {
+		stdout, stderr := mustRun(t, exitUsage, "", "key", "make", "-ns", "llama", "00", hash)
+		mustContain(t, "key make "+hash, stderr, "umbp key: umbp: invalid key: hex hash \""+hash+"\"", "run 'umbp help key'")
+		if stdout != "" {
+			t.Errorf("key make 00 %s: wrote\n%s", hash, stdout)
+		}
+	}
+	mustRun(t, exitUsage, "zz\n", "key", "make", "-ns", "llama")
+	mustRun(t, exitOK, "", "key", "make", "-h") // help after the subcommand
 	if _, stderr := mustRun(t, exitUsage, "", "key", "make", "-bogus", "ab"); strings.Count(stderr, "-bogus") != 1 {
 		t.Errorf("key make -bogus: the error is not said once:\n%s", stderr)
 	}
@@ -284,7 +433,8 @@ func TestKey(t *testing.T) {
 	if want := "namespace=llama tp=1 pcp=2 dcp=0 pp=1 group=3 hash=abcd\n"; stdout != want {
 		t.Errorf("key parse: %q, want %q", stdout, want)
 	}
-	stdout, stderr := mustRun(t, exitFail, "", "key", "parse", "-json", "umbp:vllm:v1:llama:tp1:pcp2:dcp0:pp1:g3:abcd", "nope")
+	// An invalid key is a usage error; the valid ones are still decoded.
+	stdout, stderr := mustRun(t, exitUsage, "", "key", "parse", "-json", "umbp:vllm:v1:llama:tp1:pcp2:dcp0:pp1:g3:abcd", "nope")
 	var p parsedKey
 	if err := json.Unmarshal([]byte(stdout), &p); err != nil {
 		t.Fatalf("%v:\n%s", err, stdout)

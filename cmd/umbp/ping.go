@@ -13,14 +13,20 @@ import (
 
 // pingResult is what ping reports; -json prints it as is.
 type pingResult struct {
-	Endpoint     string    `json:"endpoint"`
-	FDSocket     string    `json:"fd_socket"`
-	Ready        bool      `json:"ready"`
-	Mode         string    `json:"mode"`
-	RangedIO     bool      `json:"ranged_io"`
-	RTTs         []float64 `json:"rtt_seconds"`
-	FDHandoff    *bool     `json:"fd_handoff,omitempty"`
-	FDHandoffErr string    `json:"fd_handoff_error,omitempty"`
+	Endpoint string `json:"endpoint"`
+	FDSocket string `json:"fd_socket"`
+	Ready    bool   `json:"ready"`
+	Mode     string `json:"mode"`
+	RangedIO bool   `json:"ranged_io"`
+	// GPUMemory is whether the server takes GPU memory by IPC handle:
+	// false where Ping's answer rules it out, null where it cannot tell
+	// (Ping does not say whether the server can open IPC handles);
+	// GPUMemoryNote says why.
+	GPUMemory     *bool     `json:"gpu_memory"`
+	GPUMemoryNote string    `json:"gpu_memory_note"`
+	RTTs          []float64 `json:"rtt_seconds"`
+	FDHandoff     *bool     `json:"fd_handoff,omitempty"`
+	FDHandoffErr  string    `json:"fd_handoff_error,omitempty"`
 }
 
 func pingFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string) error {
@@ -75,6 +81,7 @@ func ping(ctx context.Context, c *common, rt *umbp.StandaloneRuntime, count int,
 		RangedIO: caps.RangedIO,
 		RTTs:     []float64{},
 	}
+	res.GPUMemory, res.GPUMemoryNote = gpuMemory(caps)
 	for range count {
 		start := time.Now()
 		caps, err := h.Ping(ctx)
@@ -94,6 +101,23 @@ func ping(ctx context.Context, c *common, rt *umbp.StandaloneRuntime, count int,
 		}
 	}
 	return res, nil
+}
+
+// gpuMemory says what Ping's answer tells of GPU memory by IPC handle:
+// nothing certain on a server with ranged I/O, whose answer is the same
+// with a usable GPU or without (the Go server without a GPU runtime, or
+// MORI's on a host without a device, refuses every IPC handle), nor in
+// distributed mode, where a v2 server may lack ranged I/O with its SSD
+// tier off. Otherwise the server is v1, which takes host memory only, or
+// v2 with its SSD tier on, which refuses GPU memory.
+func gpuMemory(caps umbp.ServerCapabilities) (*bool, string) {
+	switch {
+	case caps.RangedIO:
+		return nil, "Ping does not say whether the server can open GPU IPC handles (one without a usable GPU refuses them); only registering GPU memory shows it"
+	case caps.Mode == "STANDALONE_BACKEND_DISTRIBUTED":
+		return nil, "Ping does not say; in distributed mode a server may take GPU memory without ranged I/O; only registering GPU memory shows it"
+	}
+	return new(bool), "a v1 server takes host memory only, and a v2 server refuses GPU memory with its SSD tier on"
 }
 
 // registerPage registers one page of host memory through a worker handle
@@ -127,9 +151,14 @@ func printPing(e env, r *pingResult) {
 	p("ready", "%v", r.Ready)
 	p("mode", "%s", r.Mode)
 	if r.RangedIO {
-		p("ranged I/O", "yes: scatter/gather batches and GPU memory by IPC handle (v2)")
+		p("ranged I/O", "yes: scatter/gather batches (a v2 server with its SSD tier off)")
 	} else {
-		p("ranged I/O", "no: contiguous batches, host memory only (v1, or v2 with its SSD tier on)")
+		p("ranged I/O", "no: contiguous batches only (a v1 server, or v2 with its SSD tier on)")
+	}
+	if r.GPUMemory == nil {
+		p("GPU memory", "cannot tell: %s", r.GPUMemoryNote)
+	} else {
+		p("GPU memory", "no: %s", r.GPUMemoryNote)
 	}
 	if len(r.RTTs) > 0 {
 		s := slices.Clone(r.RTTs)
@@ -138,7 +167,11 @@ func printPing(e env, r *pingResult) {
 		for _, v := range s {
 			sum += v
 		}
-		p("rtt", "min %v, avg %v, max %v over %d pings", dur(s[0]), dur(sum/float64(len(s))), dur(s[len(s)-1]), len(s))
+		pings := "pings"
+		if len(s) == 1 {
+			pings = "ping"
+		}
+		p("rtt", "min %v, avg %v, max %v over %d %s", dur(s[0]), dur(sum/float64(len(s))), dur(s[len(s)-1]), len(s), pings)
 	}
 	if r.FDHandoff != nil {
 		if *r.FDHandoff {

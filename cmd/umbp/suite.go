@@ -7,17 +7,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"slices"
 	"time"
 
 	"github.com/umbp-go/umbp-go/umbp"
 )
 
-// The standard suite: the workload of MORI's own C++ bench client
-// (umbp_bench), through this module's public API, printed under the same
-// names, so that one script can put the C++ client and this one side by
-// side on one server process:
+// The standard suite: the workload of the C++ bench client umbp_bench
+// that docs/PERFORMANCE.md measured (the same calls through MORI's
+// StandaloneProcessClient; built outside this repository, not one of
+// MORI's programs), through this module's public API, printed under the
+// same names, so that one script can put the C++ client and this one side
+// by side on one server process:
 //
 //   - exists_{1,64,1024}_us: the median of existsReps lookups of that many
 //     keys, all held (1024 objects of 4 KiB stored first), after 10 unmeasured;
@@ -212,14 +213,7 @@ func runSuite(ctx context.Context, e env, c *common, sc suiteConfig, asJSON bool
 	if sc.existsReps <= 0 || sc.bwReps <= 0 {
 		return fmt.Errorf("%w: -exists-reps and -bw-reps must be positive", errUsage)
 	}
-	rt, err := c.runtime(func(cfg *umbp.Config) {
-		if !c.verbose {
-			// The suite clears the pool before every store (the operator
-			// said -yes); each clear would warn that it removed every
-			// engine's KV.
-			cfg.Logger = slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-		}
-	})
+	rt, err := c.runtime()
 	if err != nil {
 		return err
 	}
