@@ -97,6 +97,16 @@ func (k cutter) cut(n int, cost func(i int) entryCost) ([]span, error) {
 // never sent, and their entries carry the same error.
 func (c *Conn) run(ctx context.Context, op string, n int, spans []span, inFlight int,
 	call func(context.Context, span) ([]bool, error)) (ok []bool, errs []error) {
+	if len(spans) == 1 { // almost every batch: one request, nothing to share
+		got, err := call(ctx, spans[0])
+		if err == nil && len(got) != n {
+			err = badReply(op, "%d results for %d keys", len(got), n)
+		}
+		if err != nil {
+			return make([]bool, n), failAll(n, err)
+		}
+		return got, nil
+	}
 	ok = make([]bool, n)
 	var mu sync.Mutex // guards errs, and stop, when spans run concurrently
 	var stop error
@@ -133,7 +143,7 @@ func (c *Conn) run(ctx context.Context, op string, n int, spans []span, inFlight
 			stop = err
 		}
 	}
-	if inFlight <= 1 || len(spans) == 1 {
+	if inFlight <= 1 {
 		for _, s := range spans {
 			one(s)
 		}
