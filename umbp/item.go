@@ -16,6 +16,25 @@ type item struct {
 	host   bool // in host memory
 }
 
+// splitItems returns the indexes of the items is reports true for (yes)
+// and false for (no), each in order, in one allocation.
+func splitItems(items []item, is func(*item) bool) (yes, no []int) {
+	idx := make([]int, len(items))
+	y, n := 0, len(items)
+	for k := range items {
+		if is(&items[k]) {
+			idx[y] = k
+			y++
+		} else {
+			n--
+			idx[n] = k
+		}
+	}
+	no = idx[y:]
+	slices.Reverse(no) // filled from the end: back in order
+	return idx[:y:y], no
+}
+
 // plain reports whether the item can travel as a plain segment (BatchPut,
 // BatchGet): one range of host memory.
 func (it *item) plain() bool { return it.single && it.host }

@@ -60,14 +60,7 @@ func (t rangedTransport) conn() *conn.Conn { return t.c }
 func (t rangedTransport) flush(context.Context) error { return nil }
 
 func (t rangedTransport) move(ctx context.Context, kind jobKind, items []item) ([]bool, []error) {
-	var plain, other []int
-	for k := range items {
-		if items[k].plain() {
-			plain = append(plain, k)
-		} else {
-			other = append(other, k)
-		}
-	}
+	plain, other := splitItems(items, (*item).plain)
 	results := make([]bool, len(items))
 	var itemErrs []error
 	if len(other) == 0 {
@@ -131,14 +124,7 @@ func (t segmentTransport) flush(ctx context.Context) error {
 func (t segmentTransport) move(ctx context.Context, kind jobKind, items []item) ([]bool, []error) {
 	results := make([]bool, len(items))
 	var itemErrs []error
-	var single, multi []int
-	for k := range items {
-		if items[k].single {
-			single = append(single, k)
-		} else {
-			multi = append(multi, k)
-		}
-	}
+	single, multi := splitItems(items, func(it *item) bool { return it.single })
 	plainBatch(ctx, t.c, kind, items, single, results, &itemErrs)
 	if len(multi) > 0 {
 		t.staging.move(ctx, t.c, kind, items, multi, results, &itemErrs)

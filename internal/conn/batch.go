@@ -107,6 +107,12 @@ func (c *Conn) run(ctx context.Context, op string, n int, spans []span, inFlight
 		}
 		return got, nil
 	}
+	return c.runSpans(ctx, op, n, spans, inFlight, call)
+}
+
+// runSpans is run for a batch of several requests.
+func (c *Conn) runSpans(ctx context.Context, op string, n int, spans []span, inFlight int,
+	call func(context.Context, span) ([]bool, error)) (ok []bool, errs []error) {
 	ok = make([]bool, n)
 	var mu sync.Mutex // guards errs, and stop, when spans run concurrently
 	var stop error

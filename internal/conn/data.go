@@ -80,7 +80,8 @@ func (c *Conn) batchData(ctx context.Context, op string, keys []string, segs []S
 	if n == 0 {
 		return []bool{}, nil
 	}
-	spans := []span{{0, n}}
+	one := [1]span{{0, n}}
+	spans := one[:]
 	if bound > maxRequestBytes {
 		var err error
 		spans, err = cutter{op: op, fixed: fixed}.cut(n, func(i int) entryCost {
