@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,7 +16,8 @@ import (
 )
 
 // BenchmarkLookupCost measures what a scheduler handle adds to a lookup: the
-// same BatchExists of 1, 64 and 1024 keys through SchedulerHandle.Lookup and
+// same BatchExists of 1, 64 and 1024 keys (of 100 bytes, as KeyCodec makes
+// them), half of them stored, through SchedulerHandle.Lookup and
 // through a bare generated stub in the same process, interleaved call by
 // call, so that both see the same machine. It reports each one's median
 // (handle-ns, stub-ns) and the median of the pairwise differences
@@ -27,7 +29,9 @@ func BenchmarkLookupCost(b *testing.B) {
 	rt := newRuntime(b, cfg)
 	ctx := context.Background()
 	e := newEngine(b, rt, 1, 512, 4096)
-	job := e.w.Store(e.plans(b, "lookup", ids(512)...))
+	// As long as KeyCodec's keys: its prefix, then a 64-digit hash.
+	prefix := "umbp:vllm:v1:bench:tp0:pcp0:dcp0:pp0:g0:" + strings.Repeat("0", 54)
+	job := e.w.Store(e.plans(b, prefix, ids(512)...))
 	if err := e.w.Wait(ctx, job); err != nil || job.Status() != umbp.JobCompleted {
 		b.Fatalf("seed: %v %s", err, job.Err())
 	}
@@ -46,9 +50,9 @@ func BenchmarkLookupCost(b *testing.B) {
 	for _, n := range []int{1, 64, 1024} {
 		keys := make([]string, n)
 		for i := range keys {
-			keys[i] = fmt.Sprintf("lookup-%d", i) // ids >= 512 are misses
+			keys[i] = fmt.Sprintf("%s-%d", prefix, i) // ids >= 512 are misses
 			if i%2 == 1 {
-				keys[i] = fmt.Sprintf("lookup-%d", 512+i)
+				keys[i] = fmt.Sprintf("%s-%d", prefix, 512+i)
 			}
 		}
 		b.Run(fmt.Sprintf("keys=%d", n), func(b *testing.B) {

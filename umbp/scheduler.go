@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -188,36 +189,46 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 		return []bool{}
 	}
 	// A key the server cannot be asked about (empty, not UTF-8) is a miss;
-	// the others are still looked up.
+	// the others are still looked up. Empty keys are left out here; a key
+	// that is not UTF-8 only once the request could not be encoded, since
+	// the encoder checks every key anyway (a second pass over 1024 keys
+	// would cost as much as the rest of the handle's work).
 	ask, at := keys, []int(nil)
-	for _, k := range keys {
-		if !lookupKeyOK(k) {
-			ask, at = validKeys(keys)
-			break
-		}
+	if slices.Contains(keys, "") {
+		ask, at = validKeys(keys)
 	}
 	if len(ask) == 0 {
 		return h.misses(len(keys))
 	}
 	h.stats.lookups.Add(1)
-	hits, err := call(ctx, h, "BatchExists", func(ctx context.Context, c *conn.Conn) ([]bool, error) {
-		hits, errs := c.BatchExists(ctx, ask, true) // ask holds sendable keys only
-		return hits, conn.Joined(errs)
+	out, err := call(ctx, h, "BatchExists", func(ctx context.Context, c *conn.Conn) ([]bool, error) {
+		ask, at := ask, at // this goroutine's own: the caller may have given up on it
+		hits, errs := c.BatchExists(ctx, ask, true)
+		if errs != nil && !allUTF8(ask) {
+			// The request was never sent: the encoder refused it.
+			if ask, at = validKeys(keys); len(ask) == 0 {
+				return make([]bool, len(keys)), nil
+			}
+			hits, errs = c.BatchExists(ctx, ask, true)
+		}
+		if err := conn.Joined(errs); err != nil {
+			return nil, err
+		}
+		if len(hits) != len(ask) {
+			return nil, fmt.Errorf("%d results for %d keys", len(hits), len(ask))
+		}
+		if at == nil {
+			return hits, nil
+		}
+		out := make([]bool, len(keys))
+		for j, i := range at {
+			out[i] = hits[j]
+		}
+		return out, nil
 	})
 	if err != nil {
 		h.logFailure("lookup", err)
 		return h.misses(len(keys))
-	}
-	if len(hits) != len(ask) {
-		h.logFailure("lookup", fmt.Errorf("%d results for %d keys", len(hits), len(ask)))
-		return h.misses(len(keys))
-	}
-	out := hits
-	if at != nil {
-		out = make([]bool, len(keys))
-		for j, i := range at {
-			out[i] = hits[j]
-		}
 	}
 	n := uint64(0)
 	for _, hit := range out {
@@ -239,6 +250,16 @@ func (h *SchedulerHandle) misses(n int) []bool {
 // lookupKeyOK reports whether key can be sent in a lookup.
 func lookupKeyOK(key string) bool { return key != "" && utf8.ValidString(key) }
 
+// allUTF8 reports whether every key is valid UTF-8.
+func allUTF8(keys []string) bool {
+	for _, k := range keys {
+		if !utf8.ValidString(k) {
+			return false
+		}
+	}
+	return true
+}
+
 // validKeys returns the keys that can be sent and their indexes.
 func validKeys(keys []string) ([]string, []int) {
 	var ask []string
@@ -255,18 +276,28 @@ func validKeys(keys []string) ([]string, []int) {
 // LookupPrefix returns how many leading keys the pool holds, under the same
 // rules as Lookup: any failure answers 0.
 func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
-	for i, k := range keys {
-		if !lookupKeyOK(k) { // a key that cannot exist ends the prefix
-			keys = keys[:i]
-			break
-		}
+	// A key that cannot exist ends the prefix: an empty one here, one that
+	// is not UTF-8 once the request could not be encoded (as in Lookup).
+	if i := slices.Index(keys, ""); i >= 0 {
+		keys = keys[:i]
 	}
 	if len(keys) == 0 {
 		return 0
 	}
 	h.stats.lookups.Add(1)
 	n, err := call(ctx, h, "BatchExistsConsecutive", func(ctx context.Context, c *conn.Conn) (int, error) {
-		return c.BatchExistsConsecutive(ctx, keys, true) // cut at the first unsendable key
+		n, err := c.BatchExistsConsecutive(ctx, keys, true)
+		if err != nil {
+			if i := slices.IndexFunc(keys, func(k string) bool { return !utf8.ValidString(k) }); i >= 0 {
+				// The request holding it was never sent; the count
+				// stops there anyway.
+				if i == 0 {
+					return 0, nil
+				}
+				n, err = c.BatchExistsConsecutive(ctx, keys[:i], true)
+			}
+		}
+		return n, err
 	})
 	if err != nil {
 		h.logFailure("prefix lookup", err)

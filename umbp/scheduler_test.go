@@ -84,6 +84,25 @@ func TestLookup(t *testing.T) {
 	if n := h.LookupPrefix(ctx, []string{keys[0], keys[1], "", keys[2]}); n != 2 {
 		t.Fatalf("LookupPrefix with a bad key = %d, want 2", n)
 	}
+	// A key that is not UTF-8 alone: the request that held it could not
+	// be encoded, so it never reached the server; the one without it did.
+	calls := srv.Calls("BatchExists")
+	if got := h.Lookup(ctx, []string{keys[0], "bad\xff", keys[1]}); fmt.Sprint(got) != "[true false true]" {
+		t.Fatalf("Lookup with a key that is not UTF-8 = %v", got)
+	}
+	if n := srv.Calls("BatchExists") - calls; n != 1 {
+		t.Fatalf("Lookup with a key that is not UTF-8 reached the server %d times, want once", n)
+	}
+	calls = srv.Calls("BatchExistsConsecutive")
+	if n := h.LookupPrefix(ctx, []string{keys[0], keys[1], "bad\xff", keys[2]}); n != 2 {
+		t.Fatalf("LookupPrefix with a key that is not UTF-8 = %d, want 2", n)
+	}
+	if n := srv.Calls("BatchExistsConsecutive") - calls; n != 1 {
+		t.Fatalf("LookupPrefix with a key that is not UTF-8 reached the server %d times, want once", n)
+	}
+	if n := h.LookupPrefix(ctx, []string{"bad\xff", keys[0]}); n != 0 {
+		t.Fatalf("LookupPrefix starting with a key that is not UTF-8 = %d, want 0", n)
+	}
 	before := srv.Calls("BatchExists")
 	if got := h.Lookup(ctx, nil); len(got) != 0 {
 		t.Fatalf("Lookup(nil) = %v", got)

@@ -28,9 +28,10 @@ func keySpans(op string, keys []string, checked bool) ([]span, error) {
 }
 
 // BatchExists reports, for each key in order, whether the server holds it.
-// Results and errors are as for BatchPut. With checked, the caller has
-// checked every key already (non-empty, valid UTF-8) and they are not
-// checked again.
+// Results and errors are as for BatchPut. With checked, the keys are not
+// checked here: the caller has left out empty ones, and a key that is not
+// UTF-8 fails its whole request before anything is sent (the encoder
+// refuses it), which the caller may then ask again without it.
 func (c *Conn) BatchExists(ctx context.Context, keys []string, checked bool) (ok []bool, errs []error) {
 	const op = "BatchExists"
 	n := len(keys)
