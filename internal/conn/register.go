@@ -143,7 +143,7 @@ func (c *Conn) registerMemory(ctx context.Context, req *umbppb.RegisterMemoryReq
 	if !resp.GetOk() {
 		return refused(op, resp.GetError())
 	}
-	c.log.Debug("umbp: registered memory", "kind", req.Kind.String(), "base", fmt.Sprintf("%#x", req.WorkerBase), "size", req.Size)
+	c.log.Debug("registered memory with the UMBP server", "kind", req.Kind.String(), "base", fmt.Sprintf("%#x", req.WorkerBase), "size", req.Size)
 	return nil
 }
 
