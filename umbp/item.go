@@ -42,8 +42,8 @@ func (it *item) plain() bool { return it.single && it.host }
 // rangeSlabs holds the ranges of jobs' items: a job's plans are many and
 // their ranges few each, and a ranged job's ranges are thousands (a quarter
 // MiB for 8192), so they come in one slice, reused once the job's transfer
-// no longer reads them. Slabs of up to 64 Ki ranges (2 MiB) are kept.
-var rangeSlabs = slicepool.New[conn.Range](1 << 16)
+// no longer reads them (policy.go: maxSlabRanges).
+var rangeSlabs = slicepool.New[conn.Range](maxSlabRanges)
 
 // coalesce merges ranges that continue one another both in registered
 // memory (same region, next offset) and in the object, so that a block laid

@@ -21,6 +21,17 @@ const (
 	stagingChunk = 64 << 20
 )
 
+// A job's ranges come from slabs reused once its transfer no longer reads
+// them; slabs of up to maxSlabRanges ranges (2 MiB) are kept.
+const maxSlabRanges = 1 << 16
+
+// The object of zeros that warmStaging stores once and loads across a new
+// staging buffer. Every client stores the same bytes under its name.
+const (
+	warmUpSize = 64 << 10
+	warmUpKey  = "umbp-go/staging-warm-up/65536"
+)
+
 // AfterStream: the event is polled with a pause that backs off from
 // streamPollMin to streamPollMax. streamWaitGrace bounds how long Wait, at
 // a transfer's deadline, waits for one still waiting for the engine's

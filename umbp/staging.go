@@ -111,13 +111,6 @@ func (w *WorkerHandle) prepareStaging(ctx context.Context) {
 	w.staging.put(b)
 }
 
-// The object of zeros that warmStaging stores once and loads across a new
-// staging buffer. Every client stores the same bytes under its name.
-const (
-	warmUpSize = 64 << 10
-	warmUpKey  = "umbp-go/staging-warm-up/65536"
-)
-
 // errWarmUpAnswered is warmStaging's error when the server answered but did
 // not store or load the warm-up object (a full pool, say).
 var errWarmUpAnswered = errors.New("the server did not keep the warm-up object")

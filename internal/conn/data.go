@@ -247,10 +247,6 @@ func recycleRanged(req *umbppb.BatchRangeDataRequest) {
 	rangedRequests.Put(req)
 }
 
-// maxRecycledRanges bounds the requests kept for reuse: 64 Ki ranges, about
-// 2.5 MiB of arrays.
-const maxRecycledRanges = 1 << 16
-
 // checkKey refuses an empty key and one that is not UTF-8 (a proto3 string
 // must be).
 func checkKey(op string, i int, key string) error {

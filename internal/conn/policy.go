@@ -46,6 +46,10 @@ const (
 	redialMinConnect = time.Second
 )
 
+// maxRecycledRanges bounds the ranged requests kept for reuse: 64 Ki
+// ranges, about 2.5 MiB of arrays.
+const maxRecycledRanges = 1 << 16
+
 // refusalLogEvery spaces the warnings about refused connections: gRPC
 // retries about once a second.
 const refusalLogEvery = 30 * time.Second
