@@ -145,11 +145,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		case errors.Is(err, errFlagsReported):
 			return exitUsage
 		case errors.Is(err, errUsage):
-			fmt.Fprintf(stderr, "umbp %s: %s\n", cmd.name, strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
+			fmt.Fprintf(stderr, "umbp %s: %s\n", cmd.name, said(strings.TrimPrefix(err.Error(), errUsage.Error()+": ")))
 			fmt.Fprintf(stderr, "run 'umbp help %s' for its flags\n", cmd.name)
 			return exitUsage
 		default:
-			fmt.Fprintf(stderr, "umbp %s: %v\n", cmd.name, err)
+			fmt.Fprintf(stderr, "umbp %s: %s\n", cmd.name, said(err.Error()))
 			return exitFail
 		}
 	}
@@ -359,3 +359,7 @@ func (l *uidList) Set(v string) error {
 	}
 	return nil
 }
+
+// said is an error's text as the tool prints it after its own "umbp CMD: ":
+// without the package's "umbp: ", which the library's errors begin with.
+func said(text string) string { return strings.TrimPrefix(text, "umbp: ") }

@@ -413,7 +413,7 @@ func TestKey(t *testing.T) {
 	// the others is written.
 	for _, hash := range []string{"abc", "zzzz"} {
 		stdout, stderr := mustRun(t, exitUsage, "", "key", "make", "-ns", "llama", "00", hash)
-		mustContain(t, "key make "+hash, stderr, "umbp key: umbp: invalid key: hex hash \""+hash+"\"", "run 'umbp help key'")
+		mustContain(t, "key make "+hash, stderr, "umbp key: invalid key: hex hash \""+hash+"\"", "run 'umbp help key'")
 		if stdout != "" {
 			t.Errorf("key make 00 %s: wrote\n%s", hash, stdout)
 		}
