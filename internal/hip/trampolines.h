@@ -1,7 +1,7 @@
 // The C side of the binding: a table of function pointers that
-// runtime_cgo.go fills with dlsym, and one trampoline per call that casts a
+// calls_cgo.go fills with dlsym, and one trampoline per call that casts a
 // slot to the runtime function's C type and calls it, selecting the device
-// first where the call needs one. Only runtime_cgo.go includes this file.
+// first where the call needs one. Only calls_cgo.go includes this file.
 
 #ifndef UMBP_TRAMPOLINES_H
 #define UMBP_TRAMPOLINES_H
@@ -13,8 +13,9 @@
 
 enum { UMBP_VENDOR_HIP = 1, UMBP_VENDOR_CUDA = 2 };
 
-// Slots of the function table. The Go symbol table names each slot's symbol
-// per vendor.
+// Slots of the function table, numbered as loader.go's fn constants are
+// (calls_cgo.go fails to compile where they disagree); loader.go's symbol
+// table names each slot's symbol per vendor.
 enum {
 	UMBP_FN_INIT,
 	UMBP_FN_RUNTIME_VERSION,
