@@ -24,13 +24,19 @@ type Runtime struct {
 // function that returned it.
 type rc struct{ code, fn int }
 
-// err turns a call's result into an *Error, or nil on success. A Runtime
-// without a table, which is all a build without cgo can have, gives
-// ErrNotSupported.
+// err turns a call's result into an *Error, or nil on success. It is small
+// enough to be inlined, so that a successful call makes no call but the
+// runtime's.
 func (r *Runtime) err(rc rc) error {
 	if rc.code == 0 {
 		return nil
 	}
+	return r.fail(rc)
+}
+
+// fail is err for a failed call. A Runtime without a table, which is all a
+// build without cgo can have, gives ErrNotSupported.
+func (r *Runtime) fail(rc rc) error {
 	if r.tab == nil {
 		return ErrNotSupported
 	}
