@@ -217,3 +217,69 @@ func TestFakeNotALibrary(t *testing.T) {
 		t.Errorf("Open of a non-library: %v, want ErrNotSupported naming %s", err, bad)
 	}
 }
+
+// BenchmarkFakeCall measures the cost of one call through the binding into
+// the fake runtime, whose entry points do almost nothing: the Go wrapper,
+// the cgo transition and the C trampoline.
+func BenchmarkFakeCall(b *testing.B) {
+	if !cgoEnabled {
+		b.Skip("built without cgo: no runtime can be loaded")
+	}
+	lib := hiptest.BuildFake(b, "libcudart.so.13", "-DFAKE_CUDA")
+	rt, err := Open(Options{CUDARuntimeLibraries: []string{lib}, CUDADriverLibraries: []string{lib}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	const dev = 1
+	s, err := rt.StreamCreate(dev)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ev, err := rt.EventCreate(dev)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := rt.EventRecord(dev, ev, s); err != nil {
+		b.Fatal(err)
+	}
+	p, err := rt.Malloc(dev, 4096)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		for _, err := range []error{rt.Free(dev, p), rt.EventDestroy(dev, ev), rt.StreamDestroy(dev, s)} {
+			if err != nil {
+				b.Error(err)
+			}
+		}
+	})
+	buf := make([]byte, 64)
+	b.Run("DeviceCount", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := rt.DeviceCount(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("EventQuery", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := rt.EventQuery(dev, ev); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("CopyToDevice64", func(b *testing.B) {
+		for b.Loop() {
+			if err := rt.CopyToDevice(dev, p, buf); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("PointerInfo", func(b *testing.B) {
+		for b.Loop() {
+			if _, _, err := rt.PointerInfo(p); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

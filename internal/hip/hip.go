@@ -28,10 +28,6 @@ package hip
 import (
 	"encoding/binary"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
-	"sync"
 
 	"github.com/umbp-go/umbp-go/internal/errdefs"
 )
@@ -40,41 +36,6 @@ import (
 // library, a missing symbol, no device, or a build without cgo. Errors from
 // [Load] and [Open] wrap it; match with errors.Is.
 var ErrNotSupported = errdefs.ErrNotSupported
-
-// LoadError is the error of a load that found no usable runtime. It
-// matches ErrNotSupported; its text is one short line, and Tried says what
-// each library gave (for logs at debug level).
-type LoadError struct {
-	// Tried holds one entry per library tried: its path and why it could
-	// not be used.
-	Tried []string
-}
-
-// Error says that no runtime was usable and how many libraries were tried.
-func (e *LoadError) Error() string {
-	if len(e.Tried) == 0 {
-		return "hip: GPU runtime not supported: no candidate libraries"
-	}
-	if len(e.Tried) == 1 {
-		return "hip: GPU runtime not supported: the one library tried is not a usable HIP or CUDA runtime"
-	}
-	return fmt.Sprintf("hip: GPU runtime not supported: no usable HIP or CUDA runtime among %d libraries tried", len(e.Tried))
-}
-
-// Is reports whether target is ErrNotSupported.
-func (e *LoadError) Is(target error) bool { return target == ErrNotSupported }
-
-// Details returns what each library tried gave, on one line.
-func (e *LoadError) Details() string { return strings.Join(e.Tried, "; ") }
-
-// Environment variables naming a runtime library to try before the default
-// names.
-const (
-	// EnvHIPLibrary names a libamdhip64 to try first.
-	EnvHIPLibrary = "UMBP_HIP_LIBRARY"
-	// EnvCUDARuntimeLibrary names a libcudart to try first.
-	EnvCUDARuntimeLibrary = "UMBP_CUDART_LIBRARY"
-)
 
 // Vendor names the runtime that was loaded.
 type Vendor string
@@ -225,173 +186,9 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("%s: error %d (%s)", e.Op, e.Code, e.Msg)
 }
 
-// Options says which libraries [Open] tries, in order. Empty lists try
-// nothing for that library.
-type Options struct {
-	// HIPLibraries are candidate libamdhip64 paths or sonames.
-	HIPLibraries []string
-	// CUDARuntimeLibraries are candidate libcudart paths or sonames, tried
-	// when no HIP library is usable.
-	CUDARuntimeLibraries []string
-	// CUDADriverLibraries are candidate libcuda paths or sonames, opened
-	// after the CUDA runtime has initialised.
-	CUDADriverLibraries []string
-}
-
-// DefaultOptions returns the search order [Load] uses: the library named by
-// UMBP_HIP_LIBRARY, then libamdhip64.so.7, .so.6 and libamdhip64.so by
-// soname, under $ROCM_PATH/lib and under /opt/rocm/lib; then the one named by
-// UMBP_CUDART_LIBRARY, libcudart.so.13 and .so.12 by soname, in Python
-// site-packages (nvidia/cu13/lib, nvidia/cuda_runtime/lib), under
-// $CUDA_HOME/lib64 and /usr/local/cuda/lib64; and libcuda.so.1.
-func DefaultOptions() Options {
-	return defaultOptions(os.Getenv, filepath.Glob)
-}
-
-func defaultOptions(getenv func(string) string, glob func(string) ([]string, error)) Options {
-	return Options{
-		HIPLibraries:         hipCandidates(getenv),
-		CUDARuntimeLibraries: cudartCandidates(getenv, glob),
-		CUDADriverLibraries:  cudaDriverCandidates(),
-	}
-}
-
-var hipNames = []string{"libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so"}
-
-func hipCandidates(getenv func(string) string) []string {
-	var out []string
-	if p := getenv(EnvHIPLibrary); p != "" {
-		out = append(out, p)
-	}
-	dirs := []string{""}
-	if r := getenv("ROCM_PATH"); r != "" {
-		dirs = append(dirs, filepath.Join(r, "lib"))
-	}
-	dirs = append(dirs, "/opt/rocm/lib")
-	for _, d := range dirs {
-		for _, n := range hipNames {
-			out = append(out, joinLib(d, n))
-		}
-	}
-	return dedupe(out)
-}
-
-var cudartNames = []string{"libcudart.so.13", "libcudart.so.12"}
-
-func cudartCandidates(getenv func(string) string, glob func(string) ([]string, error)) []string {
-	var out []string
-	if p := getenv(EnvCUDARuntimeLibrary); p != "" {
-		out = append(out, p)
-	}
-	out = append(out, cudartNames...)
-	// Python wheels (nvidia-cuda-runtime): found only where they exist.
-	var roots []string
-	for _, env := range []string{"VIRTUAL_ENV", "CONDA_PREFIX"} {
-		if r := getenv(env); r != "" {
-			roots = append(roots, r)
-		}
-	}
-	if h := getenv("HOME"); h != "" {
-		roots = append(roots, filepath.Join(h, ".local"))
-	}
-	roots = append(roots, "/usr/local", "/usr", "/opt/conda")
-	for _, root := range roots {
-		for _, pkgs := range []string{"site-packages", "dist-packages"} {
-			for _, sub := range []string{"cu13", "cuda_runtime"} {
-				for _, n := range cudartNames {
-					matches, err := glob(filepath.Join(root, "lib", "python3*", pkgs, "nvidia", sub, "lib", n))
-					if err == nil {
-						out = append(out, matches...)
-					}
-				}
-			}
-		}
-	}
-	var dirs []string
-	for _, env := range []string{"CUDA_HOME", "CUDA_PATH"} {
-		if r := getenv(env); r != "" {
-			dirs = append(dirs, filepath.Join(r, "lib64"))
-		}
-	}
-	dirs = append(dirs, "/usr/local/cuda/lib64")
-	for _, d := range dirs {
-		for _, n := range cudartNames {
-			out = append(out, joinLib(d, n))
-		}
-	}
-	return dedupe(out)
-}
-
-func cudaDriverCandidates() []string {
-	// The runtime has already loaded the driver by soname when this list is
-	// tried, so the soname finds that same copy.
-	return []string{
-		"libcuda.so.1",
-		"/usr/lib/x86_64-linux-gnu/libcuda.so.1",
-		"/usr/lib/aarch64-linux-gnu/libcuda.so.1",
-		"/usr/lib64/libcuda.so.1",
-		"/usr/local/nvidia/lib64/libcuda.so.1",
-	}
-}
-
-func joinLib(dir, name string) string {
-	if dir == "" {
-		return name
-	}
-	return filepath.Join(dir, name)
-}
-
-func dedupe(in []string) []string {
-	seen := make(map[string]bool, len(in))
-	out := in[:0]
-	for _, s := range in {
-		if !seen[s] {
-			seen[s] = true
-			out = append(out, s)
-		}
-	}
-	return out
-}
-
-var (
-	loadOnce sync.Once
-	loadRT   *Runtime
-	loadErr  error
-)
-
-// Load returns the process's GPU runtime, loading it on first use with
-// [DefaultOptions]. Later calls return the same result, success or failure.
-// When no runtime is usable the error wraps [ErrNotSupported] and says what
-// was tried and why each attempt failed.
-func Load() (*Runtime, error) {
-	loadOnce.Do(func() {
-		loadRT, loadErr = Open(DefaultOptions())
-	})
-	return loadRT, loadErr
-}
-
-// Available reports whether [Load] succeeds.
-func Available() bool {
-	_, err := Load()
-	return err == nil
-}
-
-// Open loads a runtime from the libraries opts names, without caching: HIP
-// first, used only when hipInit(0) succeeds and a device is counted; else
-// CUDA, used when a device is counted. Most callers want [Load]; Open is for
-// tests and unusual deployments. Each successful Open keeps its libraries
-// loaded for the life of the process.
-func Open(opts Options) (*Runtime, error) {
-	return open(opts)
-}
-
 // hipROCm6Version is the first hipRuntimeGetVersion value of ROCm 6
 // (HIP_VERSION = major*10000000 + minor*100000 + patch).
 const hipROCm6Version = 60000000
-
-// minCUDAVersion is CUDA 11.0: earlier runtimes laid out
-// cudaPointerAttributes differently.
-const minCUDAVersion = 11000
 
 // decodeMemoryType maps a runtime's raw memory type to a MemoryType. HIP
 // before ROCm 6 numbered Host 0, Device 1, Array 2, Unified 3, Managed 4; ROCm
@@ -463,41 +260,3 @@ func decodePointerAttributes(v Vendor, version int, buf *[pointerAttributesSize]
 	}
 	return mt, device, true
 }
-
-// api is the method set both builds of Runtime provide.
-type api interface {
-	Vendor() Vendor
-	Library() string
-	String() string
-	RuntimeVersion() int
-	DeviceCount() (int, error)
-	SetDevice(device int) error
-	GetDevice() (int, error)
-	PointerInfo(ptr uintptr) (MemoryType, int, error)
-	AddressRange(device int, ptr uintptr) (uintptr, uint64, error)
-	IpcGetMemHandle(device int, ptr uintptr) (IpcMemHandle, error)
-	IpcOpenMemHandle(device int, h IpcMemHandle) (uintptr, error)
-	IpcCloseMemHandle(device int, ptr uintptr) error
-	Malloc(device int, size uint64) (uintptr, error)
-	Free(device int, ptr uintptr) error
-	HostRegister(ptr uintptr, size uint64) error
-	HostRegisterWithFlags(ptr uintptr, size uint64, flags uint32) error
-	HostUnregister(ptr uintptr) error
-	Memcpy(device int, dst, src uintptr, n uint64, kind MemcpyKind) error
-	MemcpyAsync(device int, dst, src uintptr, n uint64, kind MemcpyKind, stream Stream) error
-	CopyToDevice(device int, dst uintptr, src []byte) error
-	CopyFromDevice(device int, dst []byte, src uintptr) error
-	StreamCreate(device int) (Stream, error)
-	StreamSynchronize(device int, s Stream) error
-	StreamDestroy(device int, s Stream) error
-	EventCreate(device int) (Event, error)
-	EventRecord(device int, ev Event, s Stream) error
-	EventSynchronize(device int, ev Event) error
-	EventQuery(device int, ev Event) (bool, error)
-	EventDestroy(device int, ev Event) error
-	CanMemcpyBatch() bool
-	MemcpyBatchAsync(device int, dsts, srcs []uintptr, sizes []uint64, kind MemcpyKind, flags uint32, s Stream) error
-	DeviceSynchronize(device int) error
-}
-
-var _ api = (*Runtime)(nil)
