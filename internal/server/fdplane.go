@@ -123,9 +123,12 @@ func (s *Server) registerFD(reg fdpass.Registration, f *os.File) error {
 	if reg.Size > math.MaxInt {
 		return fmt.Errorf("size %d cannot be mapped", reg.Size)
 	}
-	// MAP_POPULATE maps every page now, once, rather than faulting on the
-	// first touch of each page inside a data op.
-	mem, err := unix.Mmap(int(f.Fd()), 0, int(reg.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	// No MAP_POPULATE (nor any touch of the pages here): populating a shared
+	// writable mapping write-faults every page of the file, so a sparse memfd
+	// of gigabytes would be allocated in full, in this process's resident
+	// memory, before the handoff is answered. A data op faults in only the
+	// pages it copies, once each; its copies survive a fault (runUnit).
+	mem, err := unix.Mmap(int(f.Fd()), 0, int(reg.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return fmt.Errorf("mmap %d bytes: %w", reg.Size, err)
 	}
