@@ -70,6 +70,11 @@ type Options struct {
 	// FDReceiveTimeout bounds each fd-handoff connection; 0 means
 	// DefaultFDReceiveTimeout.
 	FDReceiveTimeout time.Duration
+	// Replace starts even where a live server accepts connections on the
+	// endpoint's sockets, taking their paths over (the other server keeps
+	// running, unreachable). Without it New refuses with ErrEndpointInUse;
+	// sockets left by a server that is gone are replaced either way.
+	Replace bool
 	// Logger receives the server's logs; nil means slog.Default().
 	Logger *slog.Logger
 	// UnaryInterceptor, when set, wraps every gRPC handler (fault injection,
