@@ -58,6 +58,9 @@ func validMsg(t *testing.T, size uint64) []byte {
 func TestFDPlaneRobustness(t *testing.T) {
 	h := newHarness(t, Options{Capacity: 1 << 20, FDReceiveTimeout: 300 * time.Millisecond})
 	m := newMemfd(t, 8192)
+	if _, err := h.c.Ping(ctxT(t), &umbppb.Empty{}); err != nil { // the gRPC connection's descriptors, before counting
+		t.Fatal(err)
+	}
 	before := openFDs(t)
 
 	t.Run("garbage without fd", func(t *testing.T) {
@@ -156,12 +159,25 @@ func TestFDPlaneRobustness(t *testing.T) {
 		}
 	})
 	// Every descriptor the server received was closed (the mapping of the
-	// valid one stays, without a descriptor).
-	if !waitFor(5*time.Second, func() bool { return openFDs(t) <= before }) {
-		t.Fatalf("descriptors leaked: %d before, %d after", before, openFDs(t))
+	// valid one stays, without a descriptor); one pidfd watches the process
+	// that registered it (this one) while it does.
+	if !waitFor(5*time.Second, func() bool { return openFDs(t) <= before+1 }) {
+		t.Fatalf("descriptors leaked: %d before, %d after (one pidfd expected)", before, openFDs(t))
+	}
+	if st := h.srv.Stats(); st.ClientProcesses != 1 || st.Regions != 1 {
+		t.Fatalf("after the valid registration: %d client processes, %d regions; want 1 1", st.ClientProcesses, st.Regions)
 	}
 	if !h.srv.regs.hasHost("raw", 0x1000, 8192) {
 		t.Fatal("the valid registration was not recorded")
+	}
+	if _, err := h.c.DeregisterMemory(ctxT(t), &umbppb.DeregisterMemoryRequest{ClientId: "raw"}); err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(5*time.Second, func() bool { return openFDs(t) <= before }) {
+		t.Fatalf("descriptors left after deregistering: %d before, %d after", before, openFDs(t))
+	}
+	if st := h.srv.Stats(); st.ClientProcesses != 0 {
+		t.Fatalf("after deregistering: %d client processes watched, want 0", st.ClientProcesses)
 	}
 }
 

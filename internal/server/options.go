@@ -145,4 +145,11 @@ type Stats struct {
 	// FDHandoffs counts fd-handoff connections served; FDRejected those
 	// answered -1.
 	FDHandoffs, FDRejected uint64
+	// ClientProcesses is the number of client processes holding regions
+	// and watched for their exit.
+	ClientProcesses int
+	// ReclaimedProcesses counts client processes that exited holding
+	// regions (killed, crashed, or gone without DeregisterMemory);
+	// ReclaimedRegions the regions released for them.
+	ReclaimedProcesses, ReclaimedRegions uint64
 }

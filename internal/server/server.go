@@ -59,6 +59,9 @@ type Server struct {
 	fdHandoffs atomic.Uint64
 	fdRejected atomic.Uint64
 
+	// hostCopyHook, set only by tests, runs before a request's host copies.
+	hostCopyHook atomic.Pointer[func()]
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -148,6 +151,8 @@ func New(opts Options) (*Server, error) {
 	}
 
 	gopts := []grpc.ServerOption{
+		// Plaintext as before; records each connection's SO_PEERCRED.
+		grpc.Creds(peerCreds{}),
 		grpc.MaxRecvMsgSize(MaxMessageSize),
 		grpc.MaxSendMsgSize(MaxMessageSize),
 		// Calls are served by a fixed set of goroutines rather than one
@@ -248,6 +253,7 @@ func (s *Server) close() error {
 func (s *Server) releaseMemory() error {
 	s.regs.closeAll()
 	s.regs.wait()
+	s.regs.waitWatchers()
 	if s.pinned {
 		if err := s.gpu.Unpin(s.pool.base()); err != nil {
 			s.log.Warn("umbp server: unpin the DRAM pool", "err", err)
