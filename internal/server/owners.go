@@ -1,7 +1,6 @@
 package server
 
 import (
-	"errors"
 	"os"
 	"syscall"
 )
@@ -20,6 +19,7 @@ type owner struct {
 	// Guarded by regionTable.mu.
 	regions int  // regions in the table it registered
 	exited  bool // its watcher saw it exit
+	dropped bool // it holds no region any more: its pidfd is closed or closing
 }
 
 // hasExited reports whether o's process has exited. Its pidfd must be open
@@ -62,16 +62,20 @@ func (t *regionTable) watch(p *proc) *owner {
 	o := &owner{pid: p.pid, pidfd: p.pidfd, rc: rc}
 	t.owners[p.pid] = o
 	t.watchers.Add(1)
+	t.watching.Add(1)
 	go func() {
 		defer t.watchers.Done()
+		defer t.watching.Add(-1)
 		// Read calls the function, and again each time the poller reports
 		// the pidfd readable, until it returns true: parked, not polling.
-		err := rc.Read(func(fd uintptr) bool { return pidfdExited(int(fd)) })
-		if err != nil {
-			if !errors.Is(err, os.ErrClosed) {
+		if err := rc.Read(func(fd uintptr) bool { return pidfdExited(int(fd)) }); err != nil {
+			t.mu.Lock()
+			dropped := o.dropped
+			t.mu.Unlock()
+			if !dropped { // else closed on purpose: o holds no region any more
 				t.log.Warn("umbp server: cannot watch a client process; its regions stay until deregistered", "pid", o.pid, "err", err)
 			}
-			return // closed: o holds no region any more, or the server closes
+			return
 		}
 		t.reclaim(o)
 	}()
@@ -93,6 +97,7 @@ func (t *regionTable) detachLocked(r *region) {
 	if t.owners[o.pid] == o {
 		delete(t.owners, o.pid)
 	}
+	o.dropped = true
 	t.toClose = append(t.toClose, o.pidfd)
 }
 

@@ -6,9 +6,12 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -256,4 +259,62 @@ func TestReclaimOnClientExit(t *testing.T) {
 			t.Fatalf("%d handle closes, want 1", closes)
 		}
 	})
+}
+
+// warnings records the messages of warnings and errors logged.
+type warnings struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (w *warnings) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (w *warnings) Handle(_ context.Context, r slog.Record) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.msgs = append(w.msgs, r.Message)
+	return nil
+}
+func (w *warnings) WithAttrs([]slog.Attr) slog.Handler { return w }
+func (w *warnings) WithGroup(string) slog.Handler      { return w }
+
+func (w *warnings) all() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.msgs)
+}
+
+// TestDeregisterStopsWatching: a process that deregisters all it registered
+// is watched no more (its pidfd closed, its watcher ended) without a
+// warning; registering again watches it again.
+func TestDeregisterStopsWatching(t *testing.T) {
+	var w warnings
+	h := newHarness(t, Options{Capacity: 1 << 20, Logger: slog.New(&w)})
+	before := openFDs(t)
+	for round := range 2 {
+		m := newMemfd(t, 8192)
+		h.register(t, "c", m)
+		h.register(t, "c2", newMemfd(t, 8192))
+		if st := h.srv.Stats(); st.ClientProcesses != 1 || h.srv.regs.watching.Load() != 1 {
+			t.Fatalf("round %d: %d client processes, %d watchers; want 1 1 (one per process)", round, st.ClientProcesses, h.srv.regs.watching.Load())
+		}
+		for _, c := range []string{"c", "c2"} {
+			if _, err := h.c.DeregisterMemory(ctxT(t), &umbppb.DeregisterMemoryRequest{ClientId: c}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !waitFor(5*time.Second, func() bool { return h.srv.regs.watching.Load() == 0 }) {
+			t.Fatalf("round %d: the watcher outlived the last region", round)
+		}
+		if st := h.srv.Stats(); st.ClientProcesses != 0 || st.ReclaimedProcesses != 0 {
+			t.Fatalf("round %d: %d client processes, %d reclaimed; want 0 0", round, st.ClientProcesses, st.ReclaimedProcesses)
+		}
+	}
+	// memfds of this test stay open until its end; the gRPC connection
+	// counts two; no pidfd is left.
+	if n := openFDs(t); n > before+4+2 {
+		t.Fatalf("%d descriptors open, %d before", n, before)
+	}
+	if msgs := w.all(); len(msgs) != 0 {
+		t.Fatalf("warnings logged: %q", msgs)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -113,6 +114,7 @@ type regionTable struct {
 	reclaimedProcs, reclaimedRegions uint64
 
 	watchers sync.WaitGroup // one per owner being watched
+	watching atomic.Int32   // watchers running
 }
 
 func newRegionTable(log *slog.Logger, gpu GPUBackend) *regionTable {
