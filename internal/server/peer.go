@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -53,6 +54,9 @@ func peerProc(c *net.UnixConn) (*proc, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cred.Pid <= 0 {
+		return nil, errPidHidden
+	}
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return nil, err
@@ -71,8 +75,14 @@ func peerProc(c *net.UnixConn) (*proc, error) {
 	return newProc(cred.Pid, fd)
 }
 
+// errPidHidden: the peer runs in a pid namespace this process cannot see.
+var errPidHidden = errors.New("the peer's pid is not visible from this pid namespace")
+
 // openProc opens a pidfd for pid.
 func openProc(pid int32) (*proc, error) {
+	if pid <= 0 {
+		return nil, errPidHidden
+	}
 	fd, err := unix.PidfdOpen(int(pid), 0)
 	if err != nil {
 		return nil, fmt.Errorf("pidfd_open(%d): %w", pid, err)

@@ -26,18 +26,19 @@ import (
 // with TestClientProcessChild and its orders in the environment.
 const (
 	childEndpointEnv = "UMBP_SERVER_TEST_CHILD_ENDPOINT"
-	childModeEnv     = "UMBP_SERVER_TEST_CHILD_MODE"   // host, host-put, gpu
+	childModeEnv     = "UMBP_SERVER_TEST_CHILD_MODE"   // host, host-put, gpu, gpu-put
 	childHandleEnv   = "UMBP_SERVER_TEST_CHILD_HANDLE" // gpu: the IPC handle, hex
 	childMemfdName   = "umbp-child-region"
 	childRegionSize  = 4 << 20
+	childPutSize     = 64 << 10
 	childGPUBase     = 0x7e0000000000
 )
 
 // TestClientProcessChild is the client process of TestReclaimOnClientExit;
 // run on its own it is skipped. It registers two host regions (host,
-// host-put) or one GPU region (gpu), prints "ready", and then waits for its
-// stdin to close (host-put puts from its first region before "ready") and
-// exits without deregistering.
+// host-put) or one GPU region (gpu, gpu-put), prints "ready", and then waits
+// for its stdin to close (the -put modes put from their first region before
+// "ready") and exits without deregistering.
 func TestClientProcessChild(t *testing.T) {
 	endpoint := os.Getenv(childEndpointEnv)
 	if endpoint == "" {
@@ -84,7 +85,8 @@ func TestClientProcessChild(t *testing.T) {
 				fail("RegisterMemory: %v %v", r, err)
 			}
 		}
-	case "gpu":
+	case "gpu", "gpu-put":
+		first = childGPUBase
 		handle, err := hex.DecodeString(os.Getenv(childHandleEnv))
 		if err != nil {
 			fail("handle: %v", err)
@@ -96,10 +98,10 @@ func TestClientProcessChild(t *testing.T) {
 	default:
 		fail("unknown mode %q", mode)
 	}
-	if mode == "host-put" {
+	if strings.HasSuffix(mode, "-put") {
 		// The parent stalls this put's copy; the process exits under it.
 		go func() {
-			_, _ = c.Put(ctx, &umbppb.PutRequest{Key: "k", ClientId: "child", Size: childRegionSize, RegionBase: first})
+			_, _ = c.Put(ctx, &umbppb.PutRequest{Key: "k", ClientId: "child", Size: childPutSize, RegionBase: first})
 		}()
 	}
 	fmt.Println("ready")
@@ -159,6 +161,16 @@ func startChild(t *testing.T, endpoint, mode string, env ...string) *child {
 		t.Fatal("child did not register within a minute")
 	}
 	return ch
+}
+
+// waitCopying waits for the child's put to reach its copy.
+func waitCopying(t *testing.T, copying <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-copying:
+	case <-time.After(time.Minute):
+		t.Fatal("the child's put did not reach its copy within a minute")
+	}
 }
 
 // childMappings counts this process's mappings of the child's memfds.
@@ -221,7 +233,7 @@ func TestReclaimOnClientExit(t *testing.T) {
 		}
 		h.srv.hostCopyHook.Store(&hook)
 		ch := startChild(t, h.srv.Endpoint(), "host-put")
-		<-copying // the put holds the first region
+		waitCopying(t, copying) // the put holds the first region
 		_ = ch.stdin.Close()
 		if err := ch.cmd.Wait(); err != nil {
 			t.Fatalf("child: %v", err)
@@ -259,6 +271,62 @@ func TestReclaimOnClientExit(t *testing.T) {
 			t.Fatalf("%d handle closes, want 1", closes)
 		}
 	})
+
+	t.Run("GPU exit during a stalled copy", func(t *testing.T) {
+		h, f := newGPUHarness(t, Options{})
+		handle, _ := f.alloc(childRegionSize, 9)
+		block := make(chan struct{})
+		copying := make(chan struct{}, 1)
+		f.mu.Lock()
+		f.block, f.copying = block, copying
+		f.mu.Unlock()
+		ch := startChild(t, h.srv.Endpoint(), "gpu-put", childHandleEnv+"="+hex.EncodeToString(handle))
+		waitCopying(t, copying)
+		_ = ch.stdin.Close()
+		if err := ch.cmd.Wait(); err != nil {
+			t.Fatalf("child: %v", err)
+		}
+		if !waitFor(time.Second, func() bool { return h.srv.Stats().Regions == 0 }) {
+			t.Fatalf("child gone: %d regions left", h.srv.Stats().Regions)
+		}
+		h.srv.regs.wait()
+		if _, open, closes := f.counts(); open != 1 || closes != 0 {
+			t.Fatalf("handle closed under a running copy: open %d closes %d", open, closes)
+		}
+		close(block)
+		wantReclaimed(t, h, "GPU after the stalled copy ended", func() int { _, open, _ := f.counts(); return open })
+	})
+
+	// The HIP backend over the fake GPU runtime (a C library loaded as
+	// libamdhip64): the runtime's handle is closed.
+	t.Run("HIP SIGKILL", func(t *testing.T) {
+		rt := fakeRuntime(t)
+		b := NewHIPBackendFor(rt, nil)
+		t.Cleanup(func() {
+			if err := b.Close(); err != nil {
+				t.Errorf("Close: %v", err)
+			}
+		})
+		h := newHarness(t, Options{Capacity: 4 << 20, GPU: foreign{b}})
+		alloc, err := rt.Malloc(0, childRegionSize)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Free(0, alloc)
+		handle, err := rt.IpcGetMemHandle(0, alloc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch := startChild(t, h.srv.Endpoint(), "gpu", childHandleEnv+"="+hex.EncodeToString(handle[:]))
+		if n := b.OpenHandles(); n != 1 {
+			t.Fatalf("registered: %d runtime handles open, want 1", n)
+		}
+		if err := ch.cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		_ = ch.cmd.Wait()
+		wantReclaimed(t, h, "HIP after SIGKILL", b.OpenHandles)
+	})
 }
 
 // warnings records the messages of warnings and errors logged.
@@ -289,11 +357,14 @@ func (w *warnings) all() []string {
 func TestDeregisterStopsWatching(t *testing.T) {
 	var w warnings
 	h := newHarness(t, Options{Capacity: 1 << 20, Logger: slog.New(&w)})
+	mems := []*memfd{newMemfd(t, 8192), newMemfd(t, 8192)}
+	if _, err := h.c.Ping(ctxT(t), &umbppb.Empty{}); err != nil { // the gRPC connection's descriptors, before counting
+		t.Fatal(err)
+	}
 	before := openFDs(t)
 	for round := range 2 {
-		m := newMemfd(t, 8192)
-		h.register(t, "c", m)
-		h.register(t, "c2", newMemfd(t, 8192))
+		h.register(t, "c", mems[0])
+		h.register(t, "c2", mems[1])
 		if st := h.srv.Stats(); st.ClientProcesses != 1 || h.srv.regs.watching.Load() != 1 {
 			t.Fatalf("round %d: %d client processes, %d watchers; want 1 1 (one per process)", round, st.ClientProcesses, h.srv.regs.watching.Load())
 		}
@@ -309,10 +380,10 @@ func TestDeregisterStopsWatching(t *testing.T) {
 			t.Fatalf("round %d: %d client processes, %d reclaimed; want 0 0", round, st.ClientProcesses, st.ReclaimedProcesses)
 		}
 	}
-	// memfds of this test stay open until its end; the gRPC connection
-	// counts two; no pidfd is left.
-	if n := openFDs(t); n > before+4+2 {
-		t.Fatalf("%d descriptors open, %d before", n, before)
+	// No pidfd is left (nor a handoff's socket, which the server closes
+	// just after its reply).
+	if !waitFor(5*time.Second, func() bool { return openFDs(t) <= before }) {
+		t.Fatalf("%d descriptors open, %d before", openFDs(t), before)
 	}
 	if msgs := w.all(); len(msgs) != 0 {
 		t.Fatalf("warnings logged: %q", msgs)
