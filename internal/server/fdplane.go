@@ -98,6 +98,11 @@ func (s *Server) handoff(conn *net.UnixConn, deadline time.Time) int32 {
 	// The region belongs to the process that sent it: when that process
 	// exits, the region is released (regionTable.reclaim).
 	p, perr := peerProc(conn)
+	if errors.Is(perr, errPeerGone) {
+		_ = f.Close()
+		s.log.Debug("umbp server: fd handoff refused", "client", reg.ClientID, "err", perr)
+		return fdpass.StatusFailed
+	}
 	if perr != nil {
 		s.log.Warn("umbp server: cannot tell which process registers; its region stays until deregistered",
 			"client", reg.ClientID, "err", perr)

@@ -62,18 +62,23 @@ func peerProc(c *net.UnixConn) (*proc, error) {
 		return nil, err
 	}
 	fd := -1
+	var serr error
 	if err := rc.Control(func(s uintptr) {
-		if v, err := unix.GetsockoptInt(int(s), unix.SOL_SOCKET, unix.SO_PEERPIDFD); err == nil {
-			fd = v
-		}
+		fd, serr = unix.GetsockoptInt(int(s), unix.SOL_SOCKET, unix.SO_PEERPIDFD)
 	}); err != nil {
 		return nil, err
 	}
-	if fd < 0 {
-		return openProc(cred.Pid)
+	switch {
+	case serr == nil:
+		return newProc(cred.Pid, fd)
+	case errors.Is(serr, unix.ESRCH):
+		return nil, fmt.Errorf("process %d: %w", cred.Pid, errPeerGone)
 	}
-	return newProc(cred.Pid, fd)
+	return openProc(cred.Pid) // before Linux 6.5
 }
+
+// errPeerGone: the process that sent a registration has exited already.
+var errPeerGone = errors.New("the registering process has exited")
 
 // errPidHidden: the peer runs in a pid namespace this process cannot see.
 var errPidHidden = errors.New("the peer's pid is not visible from this pid namespace")
@@ -84,6 +89,9 @@ func openProc(pid int32) (*proc, error) {
 		return nil, errPidHidden
 	}
 	fd, err := unix.PidfdOpen(int(pid), 0)
+	if errors.Is(err, unix.ESRCH) {
+		return nil, fmt.Errorf("process %d: %w", pid, errPeerGone)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pidfd_open(%d): %w", pid, err)
 	}
@@ -91,8 +99,13 @@ func openProc(pid int32) (*proc, error) {
 }
 
 // newProc takes over pidfd fd, made non-blocking so that the runtime's poller
-// waits on it (a pidfd is readable once its process has exited).
+// waits on it (a pidfd is readable once its process has exited). A process
+// that has exited already is errPeerGone.
 func newProc(pid int32, fd int) (*proc, error) {
+	if pidfdExited(fd) {
+		_ = unix.Close(fd)
+		return nil, fmt.Errorf("process %d: %w", pid, errPeerGone)
+	}
 	unix.CloseOnExec(fd)
 	if err := unix.SetNonblock(fd, true); err != nil {
 		_ = unix.Close(fd)

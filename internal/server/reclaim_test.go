@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"slices"
@@ -26,7 +27,7 @@ import (
 // with TestClientProcessChild and its orders in the environment.
 const (
 	childEndpointEnv = "UMBP_SERVER_TEST_CHILD_ENDPOINT"
-	childModeEnv     = "UMBP_SERVER_TEST_CHILD_MODE"   // host, host-put, gpu, gpu-put
+	childModeEnv     = "UMBP_SERVER_TEST_CHILD_MODE"   // host, host-put, gpu, gpu-put, send
 	childHandleEnv   = "UMBP_SERVER_TEST_CHILD_HANDLE" // gpu: the IPC handle, hex
 	childMemfdName   = "umbp-child-region"
 	childRegionSize  = 4 << 20
@@ -38,7 +39,9 @@ const (
 // run on its own it is skipped. It registers two host regions (host,
 // host-put) or one GPU region (gpu, gpu-put), prints "ready", and then waits
 // for its stdin to close (the -put modes put from their first region before
-// "ready") and exits without deregistering.
+// "ready") and exits without deregistering. In mode send it only writes a
+// registration to the fd socket, prints "ready" and waits, never reading
+// the answer.
 func TestClientProcessChild(t *testing.T) {
 	endpoint := os.Getenv(childEndpointEnv)
 	if endpoint == "" {
@@ -55,6 +58,29 @@ func TestClientProcessChild(t *testing.T) {
 	mode := os.Getenv(childModeEnv)
 	var first uint64
 	switch mode {
+	case "send":
+		_, fdPath, err := fdpass.SocketPaths(endpoint)
+		if err != nil {
+			fail("%v", err)
+		}
+		fd, err := unix.MemfdCreate(childMemfdName, unix.MFD_CLOEXEC)
+		if err != nil {
+			fail("memfd: %v", err)
+		}
+		if err := unix.Ftruncate(fd, childRegionSize); err != nil {
+			fail("ftruncate: %v", err)
+		}
+		msg, err := fdpass.Registration{ClientID: "child", WorkerBase: 0x10000, Size: childRegionSize}.Encode()
+		if err != nil {
+			fail("%v", err)
+		}
+		uc, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: fdPath, Net: "unix"})
+		if err != nil {
+			fail("connect: %v", err)
+		}
+		if _, _, err := uc.WriteMsgUnix(msg, unix.UnixRights(fd), nil); err != nil {
+			fail("send: %v", err)
+		}
 	case "host", "host-put":
 		_, fdPath, err := fdpass.SocketPaths(endpoint)
 		if err != nil {
@@ -107,6 +133,40 @@ func TestClientProcessChild(t *testing.T) {
 	fmt.Println("ready")
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	os.Exit(0) // without deregistering, and leaving the put in flight
+}
+
+// TestHandoffFromExitedProcess: a registration whose sender has exited
+// (and been reaped) by the time the server reads it is refused: nobody is
+// left to use the region, and nothing could tell the server when to drop it.
+func TestHandoffFromExitedProcess(t *testing.T) {
+	gate := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	h := newHarness(t, Options{Capacity: 1 << 20, FDGate: func(ctx context.Context) error {
+		entered <- struct{}{}
+		select {
+		case <-gate:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}})
+	ch := startChild(t, h.srv.Endpoint(), "send")
+	<-entered // the server holds the connection, the message unread
+	if err := ch.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = ch.cmd.Wait()
+	close(gate)
+	if !waitFor(5*time.Second, func() bool { return h.srv.Stats().FDRejected == 1 }) {
+		st := h.srv.Stats()
+		t.Fatalf("handoff from a reaped process: %d rejected, %d regions; want 1 0", st.FDRejected, st.Regions)
+	}
+	if st := h.srv.Stats(); st.Regions != 0 || st.ClientProcesses != 0 {
+		t.Fatalf("%d regions, %d processes; want 0 0", st.Regions, st.ClientProcesses)
+	}
+	if n := childMappings(t); n != 0 {
+		t.Fatalf("%d mappings of the dead sender's memfd", n)
+	}
 }
 
 // child is a running client process.

@@ -343,7 +343,11 @@ func (s *Server) registerGPU(ctx context.Context, req *umbppb.RegisterMemoryRequ
 	var p *proc
 	if pid := callerPid(ctx); pid > 0 {
 		var err error
-		if p, err = openProc(pid); err != nil {
+		p, err = openProc(pid)
+		if errors.Is(err, errPeerGone) {
+			return err // nobody is left to use the region
+		}
+		if err != nil {
 			s.log.Warn("umbp server: cannot watch the registering process; its GPU region stays until deregistered",
 				"client", g.client, "pid", pid, "err", err)
 		}
