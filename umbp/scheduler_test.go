@@ -324,7 +324,7 @@ func TestSchedulerTakeoverWhileStuck(t *testing.T) {
 		h.Lookup(context.Background(), []string{"k"}) // stuck on a: a miss after 1 s
 	}()
 	<-stuck // the lookup is in a's hands
-	b, err := server.New(server.Options{Endpoint: ep, Logger: testLogger(t)})
+	b, err := server.New(server.Options{Endpoint: ep, Logger: testLogger(t), Replace: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,6 +40,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	prefault := fs.Bool("prefault", true, "map the whole pool at start-up (commits -capacity bytes at once)")
 	noRanged := fs.Bool("no-ranged-io", false, "behave as a v2 server with its SSD tier on: no ranged I/O advertised, GPU IPC refused")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	replace := fs.Bool("replace", false, "start even where a live server answers on the endpoint, taking its socket paths over (it keeps running, unreachable); without it such a start fails, while sockets left by a server that is gone are replaced")
 	gpuMode := fs.String("gpu", "auto", "GPU IPC regions (v2): auto uses the GPU runtime (HIP, else CUDA) when one loads with a device, on requires it, off refuses GPU registration; with a GPU the pool is pinned, which commits all of it")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -84,11 +85,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		Version:         *version,
 		DisableRangedIO: *noRanged,
 		Prefault:        *prefault,
+		Replace:         *replace,
 		Logger:          log,
 		GPU:             gpu,
 	})
 	if c, ok := gpu.(io.Closer); ok {
 		defer c.Close()
+	}
+	if errors.Is(err, server.ErrEndpointInUse) {
+		log.Error("cannot start: another server is live on this endpoint; stop it, or pass -replace to take its sockets over", "err", err)
+		return 1
 	}
 	if err != nil {
 		log.Error("cannot start", "err", err)

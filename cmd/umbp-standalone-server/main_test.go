@@ -5,7 +5,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +21,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/umbp-go/umbp-go/internal/hip"
+	"github.com/umbp-go/umbp-go/internal/server"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
@@ -178,5 +181,42 @@ func TestRunGPUOnWithoutRuntime(t *testing.T) {
 	}
 	if _, err := os.Stat(endpoint); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the socket was created: %v", err)
+	}
+}
+
+// TestRunRefusesLiveEndpoint: started where a live server answers, the
+// command exits 1 at once, naming that server's pid and -replace, and the
+// live server keeps serving.
+func TestRunRefusesLiveEndpoint(t *testing.T) {
+	dir, err := os.MkdirTemp("", "umbpx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	endpoint := "unix://" + filepath.Join(dir, "live.grpc.sock")
+	live, err := server.New(server.Options{Endpoint: endpoint, Capacity: 1 << 20, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+
+	var out, errOut bytes.Buffer
+	code := run([]string{"-endpoint", endpoint, "-capacity", "1MiB", "-prefault=false", "-gpu", "off"}, &out, &errOut)
+	if code != 1 {
+		t.Fatalf("second server on a live endpoint: exit %d, want 1\n%s", code, errOut.String())
+	}
+	msg := errOut.String()
+	if !strings.Contains(msg, fmt.Sprintf("pid %d", os.Getpid())) || !strings.Contains(msg, "-replace") || out.Len() != 0 {
+		t.Errorf("second server on a live endpoint: stdout %q, stderr %q; want the live server's pid and -replace", out.String(), msg)
+	}
+	cc, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if r, err := umbppb.NewUMBPStandaloneClient(cc).Ping(ctx, &umbppb.Empty{}); err != nil || !r.GetReady() {
+		t.Fatalf("the live server after the refused start: %v, %v", r, err)
 	}
 }

@@ -100,6 +100,11 @@ func (b *copyBatch) copyHost() []error {
 	if len(b.host) == 0 {
 		return nil
 	}
+	if b.s != nil { // nil in tests of the copier alone
+		if h := b.s.hostCopyHook.Load(); h != nil {
+			(*h)() // tests: a copy that stalls
+		}
+	}
 	workers := min(runtime.GOMAXPROCS(0), maxCopyWorkers, int(b.bytes/copyChunk)+1)
 	if b.bytes < parallelCopyMin || workers < 2 {
 		// One goroutine: the whole batch is one unit.

@@ -95,7 +95,19 @@ func (s *Server) handoff(conn *net.UnixConn, deadline time.Time) int32 {
 		s.log.Debug("umbp server: fd handoff refused", "client", reg.ClientID, "gate", refused)
 		return fdpass.StatusFailed
 	}
-	if err := s.registerFD(reg, f); err != nil {
+	// The region belongs to the process that sent it: when that process
+	// exits, the region is released (regionTable.reclaim).
+	p, perr := peerProc(conn)
+	if errors.Is(perr, errPeerGone) {
+		_ = f.Close()
+		s.log.Debug("umbp server: fd handoff refused", "client", reg.ClientID, "err", perr)
+		return fdpass.StatusFailed
+	}
+	if perr != nil {
+		s.log.Warn("umbp server: cannot tell which process registers; its region stays until deregistered",
+			"client", reg.ClientID, "err", perr)
+	}
+	if err := s.registerFD(reg, f, p); err != nil {
 		s.log.Warn("umbp server: fd handoff refused", "client", reg.ClientID,
 			"worker_base", reg.WorkerBase, "size", reg.Size, "err", err)
 		return fdpass.StatusFailed
@@ -106,10 +118,17 @@ func (s *Server) handoff(conn *net.UnixConn, deadline time.Time) int32 {
 }
 
 // registerFD maps size bytes of the received file and records them as the
-// client's region at worker_base. The file must be a regular file (a memfd)
-// at least that large: mapping past its end would fault on first touch.
-func (s *Server) registerFD(reg fdpass.Registration, f *os.File) error {
+// client's region at worker_base, owned by p (nil when unknown; taken over
+// in every case). The file must be a regular file (a memfd) at least that
+// large: mapping past its end would fault on first touch.
+func (s *Server) registerFD(reg fdpass.Registration, f *os.File, p *proc) error {
 	defer f.Close()
+	taken := false
+	defer func() {
+		if !taken {
+			p.close()
+		}
+	}()
 	fi, err := f.Stat()
 	if err != nil {
 		return err
@@ -123,13 +142,17 @@ func (s *Server) registerFD(reg fdpass.Registration, f *os.File) error {
 	if reg.Size > math.MaxInt {
 		return fmt.Errorf("size %d cannot be mapped", reg.Size)
 	}
-	// MAP_POPULATE maps every page now, once, rather than faulting on the
-	// first touch of each page inside a data op.
-	mem, err := unix.Mmap(int(f.Fd()), 0, int(reg.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	// No MAP_POPULATE (nor any touch of the pages here): populating a shared
+	// writable mapping write-faults every page of the file, so a sparse memfd
+	// of gigabytes would be allocated in full, in this process's resident
+	// memory, before the handoff is answered. A data op faults in only the
+	// pages it copies, once each; its copies survive a fault (runUnit).
+	mem, err := unix.Mmap(int(f.Fd()), 0, int(reg.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return fmt.Errorf("mmap %d bytes: %w", reg.Size, err)
 	}
-	if err := s.regs.addHost(reg.ClientID, reg.WorkerBase, mem); err != nil {
+	taken = true
+	if err := s.regs.addHost(reg.ClientID, reg.WorkerBase, mem, p); err != nil {
 		_ = unix.Munmap(mem)
 		return err
 	}

@@ -6,6 +6,9 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -14,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/umbp-go/umbp-go/internal/fdpass"
+	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
 // rawConn connects to the fd socket.
@@ -54,6 +58,9 @@ func validMsg(t *testing.T, size uint64) []byte {
 func TestFDPlaneRobustness(t *testing.T) {
 	h := newHarness(t, Options{Capacity: 1 << 20, FDReceiveTimeout: 300 * time.Millisecond})
 	m := newMemfd(t, 8192)
+	if _, err := h.c.Ping(ctxT(t), &umbppb.Empty{}); err != nil { // the gRPC connection's descriptors, before counting
+		t.Fatal(err)
+	}
 	before := openFDs(t)
 
 	t.Run("garbage without fd", func(t *testing.T) {
@@ -152,12 +159,25 @@ func TestFDPlaneRobustness(t *testing.T) {
 		}
 	})
 	// Every descriptor the server received was closed (the mapping of the
-	// valid one stays, without a descriptor).
-	if !waitFor(5*time.Second, func() bool { return openFDs(t) <= before }) {
-		t.Fatalf("descriptors leaked: %d before, %d after", before, openFDs(t))
+	// valid one stays, without a descriptor); one pidfd watches the process
+	// that registered it (this one) while it does.
+	if !waitFor(5*time.Second, func() bool { return openFDs(t) <= before+1 }) {
+		t.Fatalf("descriptors leaked: %d before, %d after (one pidfd expected)", before, openFDs(t))
+	}
+	if st := h.srv.Stats(); st.ClientProcesses != 1 || st.Regions != 1 {
+		t.Fatalf("after the valid registration: %d client processes, %d regions; want 1 1", st.ClientProcesses, st.Regions)
 	}
 	if !h.srv.regs.hasHost("raw", 0x1000, 8192) {
 		t.Fatal("the valid registration was not recorded")
+	}
+	if _, err := h.c.DeregisterMemory(ctxT(t), &umbppb.DeregisterMemoryRequest{ClientId: "raw"}); err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(5*time.Second, func() bool { return openFDs(t) <= before }) {
+		t.Fatalf("descriptors left after deregistering: %d before, %d after", before, openFDs(t))
+	}
+	if st := h.srv.Stats(); st.ClientProcesses != 0 {
+		t.Fatalf("after deregistering: %d client processes watched, want 0", st.ClientProcesses)
 	}
 }
 
@@ -271,5 +291,69 @@ func TestCloseReleasesSilentHandoff(t *testing.T) {
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("Close took %v", d)
+	}
+}
+
+// vmRSS is this process's resident memory in bytes (/proc/self/status).
+func vmRSS(t *testing.T) uint64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Skipf("cannot read resident memory: %v", err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				t.Fatalf("VmRSS line %q: %v", line, err)
+			}
+			return kb << 10
+		}
+	}
+	t.Skip("no VmRSS in /proc/self/status")
+	return 0
+}
+
+// TestLargeRegistrationNotPopulated: registering an 8 GiB memfd (sparse: no
+// page of it written) answers within the handoff's default bound and leaves
+// the server's resident memory where it was; a data op then faults in only
+// the pages it copies.
+func TestLargeRegistrationNotPopulated(t *testing.T) {
+	const size = 8 << 30
+	h := newHarness(t, Options{Capacity: 4 << 20})
+	fd, err := unix.MemfdCreate("umbp-sparse", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, size); err != nil {
+		t.Skipf("cannot size a sparse memfd: %v", err)
+	}
+	const base = 0x7f0000000000
+	before := vmRSS(t)
+	// No deadline of its own: fdpass.DefaultTimeout bounds it.
+	if err := fdpass.Send(context.Background(), h.srv.FDSocketPath(), fd, fdpass.Registration{ClientID: "big", WorkerBase: base, Size: size}, nil); err != nil {
+		t.Fatalf("handoff of %d bytes: %v", size, err)
+	}
+	after := vmRSS(t)
+	const slack = 64 << 20 // goroutines, buffers: anything but the region
+	if after > before+slack {
+		t.Fatalf("registering a sparse %d-byte memfd raised resident memory from %d to %d bytes", size, before, after)
+	}
+	r, err := h.c.RegisterMemory(ctxT(t), &umbppb.RegisterMemoryRequest{ClientId: "big", WorkerBase: base, Size: size})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOK(t, "RegisterMemory", r)
+
+	// A put from the far end of the region copies 1 MiB: resident memory
+	// grows by about that (the region's pages and the pool's), no more.
+	const n = 1 << 20
+	wantOK(t, "put", h.put(t, "big", "k", base, size-n, n))
+	if got := vmRSS(t); got > after+slack {
+		t.Fatalf("a %d-byte put raised resident memory from %d to %d bytes", n, after, got)
+	}
+	if _, err := h.c.DeregisterMemory(ctxT(t), &umbppb.DeregisterMemoryRequest{ClientId: "big"}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -70,6 +70,11 @@ type Options struct {
 	// FDReceiveTimeout bounds each fd-handoff connection; 0 means
 	// DefaultFDReceiveTimeout.
 	FDReceiveTimeout time.Duration
+	// Replace starts even where a live server accepts connections on the
+	// endpoint's sockets, taking their paths over (the other server keeps
+	// running, unreachable). Without it New refuses with ErrEndpointInUse;
+	// sockets left by a server that is gone are replaced either way.
+	Replace bool
 	// Logger receives the server's logs; nil means slog.Default().
 	Logger *slog.Logger
 	// UnaryInterceptor, when set, wraps every gRPC handler (fault injection,
@@ -140,4 +145,11 @@ type Stats struct {
 	// FDHandoffs counts fd-handoff connections served; FDRejected those
 	// answered -1.
 	FDHandoffs, FDRejected uint64
+	// ClientProcesses is the number of client processes holding regions
+	// and watched for their exit.
+	ClientProcesses int
+	// ReclaimedProcesses counts client processes that exited holding
+	// regions (killed, crashed, or gone without DeregisterMemory);
+	// ReclaimedRegions the regions released for them.
+	ReclaimedProcesses, ReclaimedRegions uint64
 }

@@ -119,7 +119,7 @@ func TestCloseLeavesAnotherServersSockets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := New(Options{Endpoint: ep, Logger: testLogger(), Capacity: 1 << 20})
+	b, err := New(Options{Endpoint: ep, Logger: testLogger(), Capacity: 1 << 20, Replace: true})
 	if err != nil {
 		_ = a.Close()
 		t.Fatal(err)

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -51,6 +53,10 @@ type region struct {
 
 	refs    int // data ops using it; guarded by regionTable.mu
 	retired bool
+
+	// owner is the process that registered it, when known; guarded by
+	// regionTable.mu. Set to nil when the region leaves the table.
+	owner *owner
 }
 
 // fits reports whether [off, off+size) lies inside r.
@@ -97,6 +103,18 @@ type regionTable struct {
 	clients map[string]*clientRegions
 	handles map[ipcKey]*ipcHandle
 	closed  bool
+
+	// owners are the client processes holding regions, by pid; toClose the
+	// pidfds of those that hold none any more, closed (which ends their
+	// watchers) outside the lock by releaseAll.
+	owners  map[int32]*owner
+	toClose []*os.File
+	// reclaimedProcs and reclaimedRegions count the processes that exited
+	// holding regions and the regions retired for them.
+	reclaimedProcs, reclaimedRegions uint64
+
+	watchers sync.WaitGroup // one per owner being watched
+	watching atomic.Int32   // watchers running
 }
 
 func newRegionTable(log *slog.Logger, gpu GPUBackend) *regionTable {
@@ -105,6 +123,7 @@ func newRegionTable(log *slog.Logger, gpu GPUBackend) *regionTable {
 		gpu:     gpu,
 		clients: make(map[string]*clientRegions),
 		handles: make(map[ipcKey]*ipcHandle),
+		owners:  make(map[int32]*owner),
 	}
 }
 
@@ -195,7 +214,15 @@ func (l *lease) release() {
 	}
 	t.mu.Unlock()
 	l.regions = nil
-	t.releaseAll(done)
+	if len(done) == 0 {
+		return
+	}
+	// Unmapping (or closing a handle) is kept off the op's reply.
+	t.bg.Add(1)
+	go func() {
+		defer t.bg.Done()
+		t.releaseAll(done)
+	}()
 }
 
 // hasHost reports whether client registered a host region at base, by fd
@@ -212,26 +239,30 @@ func (t *regionTable) hasHost(client string, base, size uint64) bool {
 }
 
 // addHost records a mapped memfd as client's region at base, replacing any
-// region there. On error the caller still owns mem.
-func (t *regionTable) addHost(client string, base uint64, mem []byte) error {
+// region there; p (nil when unknown, else taken over) is the process that
+// registered it. On error the caller still owns mem.
+func (t *regionTable) addHost(client string, base uint64, mem []byte, p *proc) error {
 	r := &region{client: client, base: base, size: uint64(len(mem)), kind: hostRegion, mem: mem}
-	old, err := t.install(r)
-	if err != nil {
-		return err
-	}
+	old, err := t.install(r, p)
 	t.releaseAll(old)
-	return nil
+	return err
 }
 
-// install inserts r, retiring a region at the same base (which keeps its
-// position in the search order). It returns the retired regions that no op
-// holds, for the caller to release outside the lock.
-func (t *regionTable) install(r *region) ([]*region, error) {
+// install inserts r, owned by p (nil when unknown, else taken over),
+// retiring a region at the same base (which keeps its position in the search
+// order). It returns the retired regions that no op holds, for the caller to
+// release outside the lock (releaseAll, which the caller must call, even
+// with none).
+func (t *regionTable) install(r *region, p *proc) ([]*region, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
+		if p != nil {
+			t.toClose = append(t.toClose, p.pidfd)
+		}
 		return nil, errClosed
 	}
+	t.attachLocked(r, p)
 	cr := t.clients[r.client]
 	if cr == nil {
 		cr = &clientRegions{byBase: make(map[uint64]*region)}
@@ -250,6 +281,7 @@ func (t *regionTable) install(r *region) ([]*region, error) {
 		}
 	}
 	old.retired = true
+	t.detachLocked(old)
 	if old.refs == 0 {
 		return []*region{old}, nil
 	}
@@ -268,15 +300,20 @@ type gpuRegistration struct {
 }
 
 // addGPU registers a GPU region, opening its allocation's handle unless the
-// client already has it open on that device. An identical registration is a
+// client already has it open on that device; p (nil when unknown, else taken
+// over) is the process that registered it. An identical registration is a
 // no-op. A handle that differs from the one open for the same allocation base
 // means the allocation was replaced: the regions on the old one are retired.
-func (t *regionTable) addGPU(g gpuRegistration) (err error) {
+func (t *regionTable) addGPU(g gpuRegistration, p *proc) (err error) {
 	if t.gpu == nil {
+		p.close()
 		return errors.New(MsgGPUUnsupported)
 	}
 	var done []*region
-	defer func() { t.releaseAll(done) }() // after gpuMu is unlocked
+	defer func() {
+		p.close() // unless install took it over
+		t.releaseAll(done)
+	}() // after gpuMu is unlocked
 	t.gpuMu.Lock()
 	defer t.gpuMu.Unlock()
 
@@ -330,7 +367,8 @@ func (t *regionTable) addGPU(g gpuRegistration) (err error) {
 		device: g.device, ptr: h.ptr + uintptr(g.ipcOffset),
 		ipcOffset: g.ipcOffset, allocBase: g.allocBase, handle: h,
 	}
-	old, err := t.install(r)
+	old, err := t.install(r, p)
+	p = nil // install took it over
 	if err != nil {
 		done = append(done, r)
 		return err
@@ -351,6 +389,7 @@ func (t *regionTable) retireLocked(cr *clientRegions, client string, pred func(*
 		}
 		delete(cr.byBase, r.base)
 		r.retired = true
+		t.detachLocked(r)
 		if r.refs == 0 {
 			done = append(done, r)
 		}
@@ -392,9 +431,17 @@ func (t *regionTable) closeAll() {
 }
 
 // releaseAll unmaps host regions and drops GPU regions' handle references
-// (in the background), closing handles that no region holds any more.
-// Neither lock may be held.
+// (in the background), closing handles that no region holds any more, and
+// closes the pidfds of processes that hold no region any more. Neither lock
+// may be held.
 func (t *regionTable) releaseAll(rs []*region) {
+	t.mu.Lock()
+	closing := t.toClose
+	t.toClose = nil
+	t.mu.Unlock()
+	for _, f := range closing {
+		_ = f.Close() // ends its watcher
+	}
 	for _, r := range rs {
 		switch r.kind {
 		case hostRegion:
@@ -417,8 +464,11 @@ func (t *regionTable) releaseAll(rs []*region) {
 	}
 }
 
-// wait blocks until every handle release started so far has finished.
+// wait blocks until every release started so far has finished.
 func (t *regionTable) wait() { t.bg.Wait() }
+
+// waitWatchers blocks until every watcher has ended (after closeAll).
+func (t *regionTable) waitWatchers() { t.watchers.Wait() }
 
 func (t *regionTable) dropHandle(h *ipcHandle) {
 	t.gpuMu.Lock()
@@ -447,4 +497,7 @@ func (t *regionTable) stats(s *Stats) {
 		s.Regions += len(cr.list)
 	}
 	s.GPUHandles = len(t.handles)
+	s.ClientProcesses = len(t.owners)
+	s.ReclaimedProcesses = t.reclaimedProcs
+	s.ReclaimedRegions = t.reclaimedRegions
 }

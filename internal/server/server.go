@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -58,13 +59,22 @@ type Server struct {
 	fdHandoffs atomic.Uint64
 	fdRejected atomic.Uint64
 
+	// hostCopyHook, set only by tests, runs before a request's host copies.
+	hostCopyHook atomic.Pointer[func()]
+
 	closeOnce sync.Once
 	closeErr  error
 }
 
-// New validates opts, creates both sockets (unlinking whatever stood at their
-// paths; parent directories 0700, sockets 0600) and starts serving. It returns
-// once both sockets listen.
+// ErrEndpointInUse refuses to start on an endpoint where a live server
+// answers (Options.Replace takes its sockets over instead).
+var ErrEndpointInUse = errors.New("server: a live server answers on the endpoint")
+
+// New validates opts, creates both sockets (parent directories 0700, sockets
+// 0600) and starts serving. It returns once both sockets listen. A socket
+// left at either path by a server that is gone is replaced; one where a live
+// server accepts connections is an error matching ErrEndpointInUse, unless
+// Options.Replace is set.
 func New(opts Options) (*Server, error) {
 	if opts.Endpoint == "" {
 		return nil, errors.New("server: Endpoint is required")
@@ -128,6 +138,11 @@ func New(opts Options) (*Server, error) {
 		s.releaseMemory()
 		return nil, err
 	}
+	for _, path := range []string{grpcPath, fdPath} {
+		if err := checkLive(path, opts.Replace, log); err != nil {
+			return fail(err)
+		}
+	}
 	if s.grpcSock, err = listen(grpcPath); err != nil {
 		return fail(err)
 	}
@@ -136,6 +151,8 @@ func New(opts Options) (*Server, error) {
 	}
 
 	gopts := []grpc.ServerOption{
+		// Plaintext as before; records each connection's SO_PEERCRED.
+		grpc.Creds(peerCreds{}),
 		grpc.MaxRecvMsgSize(MaxMessageSize),
 		grpc.MaxSendMsgSize(MaxMessageSize),
 		// Calls are served by a fixed set of goroutines rather than one
@@ -236,6 +253,7 @@ func (s *Server) close() error {
 func (s *Server) releaseMemory() error {
 	s.regs.closeAll()
 	s.regs.wait()
+	s.regs.waitWatchers()
 	if s.pinned {
 		if err := s.gpu.Unpin(s.pool.base()); err != nil {
 			s.log.Warn("umbp server: unpin the DRAM pool", "err", err)
@@ -250,6 +268,42 @@ type socket struct {
 	path string
 	ln   *net.UnixListener
 	info os.FileInfo // the socket file, to unlink only our own
+}
+
+// probeTimeout bounds the connection that tells a live socket from a stale one.
+const probeTimeout = time.Second
+
+// checkLive fails with ErrEndpointInUse when a server accepts connections on
+// the Unix socket at path (naming its pid when the kernel tells it); a path
+// that is missing, not a socket, or a socket nobody listens on is fine. With
+// replace a live server is only logged.
+func checkLive(path string, replace bool, log *slog.Logger) error {
+	fi, err := os.Lstat(path)
+	if err != nil || fi.Mode().Type() != os.ModeSocket {
+		return nil // missing, or not a socket: listen unlinks what is there
+	}
+	c, err := net.DialTimeout("unix", path, probeTimeout)
+	switch {
+	case err == nil:
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, os.ErrNotExist):
+		return nil // stale: its server is gone
+	case errors.Is(err, syscall.EAGAIN):
+		// A full accept queue: a live server that is not keeping up.
+	default:
+		return fmt.Errorf("server: cannot tell whether a server still answers on %s: %w", path, err)
+	}
+	who := "a server"
+	if c != nil {
+		if cred, err := peerCred(c.(*net.UnixConn)); err == nil {
+			who = fmt.Sprintf("a server (pid %d, uid %d)", cred.Pid, cred.Uid)
+		}
+		_ = c.Close()
+	}
+	if replace {
+		log.Warn("umbp server: replacing the sockets of a live server", "path", path, "server", who)
+		return nil
+	}
+	return fmt.Errorf("%w: %s accepts connections on %s; stop it first, or replace it on purpose (Options.Replace)", ErrEndpointInUse, who, path)
 }
 
 // listen creates a Unix socket at path: parent directories 0700, whatever

@@ -282,7 +282,7 @@ func (v *service) Flush(context.Context, *umbppb.Empty) (*umbppb.BoolResponse, e
 
 // RegisterMemory confirms a host region registered by fd handoff, or (v2)
 // opens a GPU region from its IPC handle.
-func (v *service) RegisterMemory(_ context.Context, req *umbppb.RegisterMemoryRequest) (*umbppb.BoolResponse, error) {
+func (v *service) RegisterMemory(ctx context.Context, req *umbppb.RegisterMemoryRequest) (*umbppb.BoolResponse, error) {
 	s := v.s
 	if !s.ops.begin() {
 		return failReply(MsgShuttingDown), nil
@@ -299,14 +299,15 @@ func (v *service) RegisterMemory(_ context.Context, req *umbppb.RegisterMemoryRe
 		}
 		return okReply(), nil
 	case umbppb.MemoryKind_MEMORY_KIND_GPU_IPC:
-		return boolReply(s.registerGPU(req)), nil
+		return boolReply(s.registerGPU(ctx, req)), nil
 	default:
 		return failReply(fmt.Sprintf("unknown memory kind %d", int32(kind))), nil
 	}
 }
 
-// registerGPU validates a GPU_IPC registration and opens it.
-func (s *Server) registerGPU(req *umbppb.RegisterMemoryRequest) error {
+// registerGPU validates a GPU_IPC registration and opens it, owned by the
+// calling process when its pid is known.
+func (s *Server) registerGPU(ctx context.Context, req *umbppb.RegisterMemoryRequest) error {
 	if s.opts.DisableRangedIO {
 		return errors.New(MsgGPUNeedsSSDDisabled)
 	}
@@ -339,7 +340,19 @@ func (s *Server) registerGPU(req *umbppb.RegisterMemoryRequest) error {
 		allocBase: req.GetAllocBase(),
 	}
 	copy(g.handle[:], req.GetIpcHandle())
-	if err := s.regs.addGPU(g); err != nil {
+	var p *proc
+	if pid := callerPid(ctx); pid > 0 {
+		var err error
+		p, err = openProc(pid)
+		if errors.Is(err, errPeerGone) {
+			return err // nobody is left to use the region
+		}
+		if err != nil {
+			s.log.Warn("umbp server: cannot watch the registering process; its GPU region stays until deregistered",
+				"client", g.client, "pid", pid, "err", err)
+		}
+	}
+	if err := s.regs.addGPU(g, p); err != nil {
 		s.log.Warn("umbp server: GPU registration refused", "client", g.client, "device", g.device, "err", err)
 		return err
 	}
