@@ -40,17 +40,18 @@ func benchServer(b *testing.B, capacity uint64) *server.Server {
 	return srv
 }
 
-// BenchmarkLookup compares SchedulerHandle.Lookup with the same BatchExists
-// made directly on the generated stub, for 1, 64 and 1024 keys, half of
-// them stored.
-func BenchmarkLookup(b *testing.B) {
+// lookupBench starts the Go server with 512 objects stored under
+// "<prefix>-<id>", and returns a scheduler handle and a bare generated stub
+// on it, and the n keys a lookup asks: ids 0, 513, 2, 515, …, half of them
+// stored.
+func lookupBench(b *testing.B, prefix string) (*umbp.SchedulerHandle, umbppb.UMBPStandaloneClient, func(n int) []string) {
 	srv := benchServer(b, 256<<20)
 	cfg := testConfig(b, srv.Endpoint())
 	cfg.LookupTimeout = 10 * time.Second
 	rt := newRuntime(b, cfg)
 	ctx := context.Background()
 	e := newEngine(b, rt, 1, 512, 4096)
-	job := e.w.Store(e.plans(b, "lookup", ids(512)...))
+	job := e.w.Store(e.plans(b, prefix, ids(512)...))
 	if err := e.w.Wait(ctx, job); err != nil || job.Status() != umbp.JobCompleted {
 		b.Fatalf("seed: %v %s", err, job.Err())
 	}
@@ -64,16 +65,27 @@ func BenchmarkLookup(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { cc.Close() })
-	stub := umbppb.NewUMBPStandaloneClient(cc)
-
-	for _, n := range []int{1, 64, 1024} {
+	keys := func(n int) []string {
 		keys := make([]string, n)
 		for i := range keys {
-			keys[i] = fmt.Sprintf("lookup-%d", i) // ids >= 512 are misses
+			keys[i] = fmt.Sprintf("%s-%d", prefix, i) // ids >= 512 are misses
 			if i%2 == 1 {
-				keys[i] = fmt.Sprintf("lookup-%d", 512+i)
+				keys[i] = fmt.Sprintf("%s-%d", prefix, 512+i)
 			}
 		}
+		return keys
+	}
+	return h, umbppb.NewUMBPStandaloneClient(cc), keys
+}
+
+// BenchmarkLookup compares SchedulerHandle.Lookup with the same BatchExists
+// made directly on the generated stub, for 1, 64 and 1024 keys, half of
+// them stored.
+func BenchmarkLookup(b *testing.B) {
+	h, stub, keysOf := lookupBench(b, "lookup")
+	ctx := context.Background()
+	for _, n := range []int{1, 64, 1024} {
+		keys := keysOf(n)
 		b.Run(fmt.Sprintf("keys=%d/handle", n), func(b *testing.B) {
 			for b.Loop() {
 				if got := h.Lookup(ctx, keys); !got[0] {

@@ -1,6 +1,7 @@
 package umbp_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -960,9 +961,12 @@ func soakFinalCheck(t *testing.T, s *soakRun, engines []*soakEngine, sched *umbp
 	}
 }
 
-func median(v []int) int {
+// median returns the middle of v's values (the upper one of an even
+// count), 0 for none.
+func median[T cmp.Ordered](v []T) T {
+	var zero T
 	if len(v) == 0 {
-		return 0
+		return zero
 	}
 	c := slices.Clone(v)
 	slices.Sort(c)

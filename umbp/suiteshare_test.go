@@ -190,9 +190,9 @@ func BenchmarkSuiteShare(b *testing.B) {
 					ss = append(ss, float64(ts)/1e6)
 					rs = append(rs, float64(th)/float64(ts))
 				}
-				b.ReportMetric(medianOf(hs), "handle-ms")
-				b.ReportMetric(medianOf(ss), "stub-ms")
-				b.ReportMetric(medianOf(rs), "handle/stub")
+				b.ReportMetric(median(hs), "handle-ms")
+				b.ReportMetric(median(ss), "stub-ms")
+				b.ReportMetric(median(rs), "handle/stub")
 			})
 		}
 	}
