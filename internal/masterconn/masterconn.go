@@ -73,16 +73,16 @@ type Conn struct {
 func CheckAddress(addr string, plaintext, allowPlaintext bool) error {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("master address %q is not host:port: %w", addr, err)
+		return fmt.Errorf("not host:port: %w", err)
 	}
 	if host == "" || port == "" {
-		return fmt.Errorf("master address %q needs both a host and a port", addr)
+		return errors.New("needs both a host and a port")
 	}
 	if !plaintext || allowPlaintext {
 		return nil
 	}
 	if !isLoopback(host) {
-		return fmt.Errorf("%w: %s: MORI's master speaks plaintext TCP without authentication, so anyone on the path can read the prompts' hashes and forge answers; give transport credentials (TLS), or allow plaintext explicitly", ErrPlaintext, addr)
+		return fmt.Errorf("%w: MORI's master speaks plaintext TCP without authentication, so anyone on the path can read the prompts' keys and forge the answers; give transport credentials (TLS), or allow plaintext explicitly", ErrPlaintext)
 	}
 	return nil
 }
@@ -113,6 +113,9 @@ func New(opts Options) (*Conn, error) {
 	dopts := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxReply)),
+		// Never idle: a lost connection is redialled at once, not at the
+		// next call, so that State says when the master is back.
+		grpc.WithIdleTimeout(0),
 	}
 	if opts.StatsHandler != nil {
 		dopts = append(dopts, grpc.WithStatsHandler(opts.StatsHandler))

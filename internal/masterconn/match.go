@@ -23,6 +23,14 @@ type NodeMatch struct {
 	Held int
 }
 
+// Match is one node's answer: the master's ExternalKvNodeMatch, or the
+// standalone server's StandaloneExternalKvMatch that forwards it.
+type Match interface {
+	GetNodeId() string
+	GetPeerAddress() string
+	GetHashesByTier() []*umbppb.TierHashes
+}
+
 // CheckMatch checks the master's answer to MatchExternalKv(hashes) and
 // reduces it to one NodeMatch per node, in the answer's order. The answer
 // is refused (ErrBadReply) if it names more than maxNodes nodes, a node
@@ -30,7 +38,7 @@ type NodeMatch struct {
 // that was not asked for, or more hashes in a tier than were asked. Its
 // memory is bounded by len(hashes) and the number of nodes, not by what
 // the answer claims.
-func CheckMatch(hashes []string, matches []*umbppb.ExternalKvNodeMatch, maxNodes int) ([]NodeMatch, error) {
+func CheckMatch[M Match](hashes []string, matches []M, maxNodes int) ([]NodeMatch, error) {
 	if len(matches) > maxNodes {
 		return nil, fmt.Errorf("%w: %d nodes, more than the %d allowed", ErrBadReply, len(matches), maxNodes)
 	}
