@@ -154,6 +154,12 @@ func rpcError(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("%s: %w: %w", op, cerr, err)
 	}
 	switch status.Code(err) {
+	case codes.DeadlineExceeded:
+		// The deadline is the caller's, even when gRPC's timer fired a
+		// moment before the context's.
+		if _, ok := ctx.Deadline(); ok {
+			return fmt.Errorf("%s: %w: %w", op, context.DeadlineExceeded, err)
+		}
 	case codes.Unavailable:
 		return fmt.Errorf("%s: %w: %w", op, errdefs.ErrUnavailable, err)
 	case codes.Canceled:
