@@ -381,3 +381,16 @@ func TestClusterBadAnswersAreMisses(t *testing.T) {
 		t.Error("bad answers not counted as failures")
 	}
 }
+
+func TestClusterScoreEveryNode(t *testing.T) {
+	m := umbptest.NewMaster(t, umbptest.MasterOptions{ReaperInterval: -1})
+	raw := dialMaster(t, m.Addr())
+	newFakeNode(t, raw, "z", nil).report(t, umbppb.TierType_TIER_HBM, "b0")
+	newFakeNode(t, raw, "a", nil).report(t, umbppb.TierType_TIER_DRAM, "b0", "b1")
+	newFakeNode(t, raw, "m", nil)
+	h := newClusterHandle(t, clusterConfig(t, m.Addr()))
+	s, err := h.Score(context.Background(), umbp.ScoreRequest{Hashes: []string{"b0", "b1"}})
+	if err != nil || len(s.Nodes) != 2 || s.Nodes[0].Node != "a" || s.Nodes[0].Prefix != 2 || s.Nodes[1].Node != "z" || s.Best != 0 {
+		t.Fatalf("Score without candidates = %+v, %v", s, err)
+	}
+}

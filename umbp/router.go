@@ -3,6 +3,7 @@ package umbp
 import (
 	"context"
 	"fmt"
+	"slices"
 	"unicode/utf8"
 
 	"github.com/umbp-go/umbp-go/internal/masterconn"
@@ -49,6 +50,7 @@ const (
 // holds the most of its leading blocks?
 type ScoreRequest struct {
 	// Candidates are the nodes to rank, by node id: distinct, not empty.
+	// Nil ranks every node that holds any of the blocks, in order of id.
 	Candidates []string
 	// Hashes are the request's blocks as engines report them to the
 	// external KV index ([WorkerHandle.ReportExternalKv]), in order.
@@ -71,7 +73,8 @@ type NodeScore struct {
 // Scores is the answer to a ScoreRequest.
 type Scores struct {
 	// Nodes has one entry per candidate, in the candidates' order; a
-	// candidate the master knows nothing of holds nothing.
+	// candidate the master knows nothing of holds nothing. Without
+	// candidates, one per node that holds any block, by id.
 	Nodes []NodeScore
 	// Best is the index in Nodes of the highest score (the first on a
 	// tie), -1 when no candidate scores above 0.
@@ -182,6 +185,15 @@ func (h *SchedulerHandle) Score(ctx context.Context, req ScoreRequest) (Scores, 
 		}
 	}
 	out.PoolPrefix = a.prefix
+	if req.Candidates == nil {
+		ids := make([]string, len(a.nodes))
+		for i, m := range a.nodes {
+			ids[i] = m.NodeID
+		}
+		slices.Sort(ids)
+		req.Candidates = ids
+		out.Nodes = make([]NodeScore, len(ids))
+	}
 	at := make(map[string]int, len(req.Candidates))
 	for i, c := range req.Candidates {
 		at[c] = i
