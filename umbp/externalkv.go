@@ -65,7 +65,9 @@ func (t Tier) check() error {
 // ReportExternalKv tells the pool's master, through the server, that this
 // engine holds the blocks hashes on tier, so that routers find them
 // (MatchExternalKv). A server in distributed mode forwards the report under
-// Config.NodeID; a local one accepts and forgets it, as MORI's does.
+// Config.NodeID, the identity it registers with the master when this
+// handle registers memory (before that, MORI's server refuses: ErrRefused);
+// a local one accepts and forgets it, as MORI's does.
 // Requests carry at most 4096 hashes each (the master's batch limit);
 // the call is bounded by ctx and Timeout, and its error says why the
 // report did not land: unreachable (ErrUnavailable), refused (ErrRefused),
