@@ -121,3 +121,18 @@ func TestStandaloneQuarantine(t *testing.T) {
 		t.Errorf("LookupPrefix without quarantine = %d, want %d", got, len(keys))
 	}
 }
+
+// On the standalone path Score asks the server: a local one matches no
+// node, and the pool prefix is its BatchExistsConsecutive.
+func TestStandaloneScore(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	keys := storeKeys(t, newRuntime(t, testConfig(t, srv.Endpoint())), 3)
+	h := newSchedulerLocal(t, srv)
+	s, err := h.Score(context.Background(), umbp.ScoreRequest{Candidates: []string{"n1"}, Hashes: append(keys, "missing")})
+	if err != nil || !s.Complete || s.PoolPrefix != 3 || s.Best != -1 || s.Nodes[0].Prefix != 0 {
+		t.Fatalf("Score = %+v, %v", s, err)
+	}
+	if srv.Calls("MatchExternalKv") != 1 || srv.Calls("BatchExistsConsecutive") != 1 {
+		t.Errorf("calls: %d matches, %d prefix lookups; want one each", srv.Calls("MatchExternalKv"), srv.Calls("BatchExistsConsecutive"))
+	}
+}
