@@ -205,15 +205,26 @@ func newMasterBackend(c *masterconn.Conn, cfg ClusterConfig) *masterBackend {
 // watch follows the channel's state until shutdown.
 func (b *masterBackend) watch(ctx context.Context) {
 	defer close(b.done)
+	// The channel's state can lag behind the call that proved it working
+	// (gRPC installs the picker before it reports READY): a CONNECTING
+	// before the first READY is that lag, not a lost master.
+	settled := false
 	for s := b.c.State(); ; s = b.c.State() {
 		next := StateReconnecting
 		switch s {
 		case connectivity.Ready:
-			next = StateConnected
+			next, settled = StateConnected, true
+		case connectivity.Connecting:
+			if !settled {
+				next = StateConnected
+			}
 		case connectivity.Idle:
 			b.c.Connect() // a lost connection: redial now
 		case connectivity.Shutdown:
 			return
+		}
+		if s != connectivity.Connecting {
+			settled = true
 		}
 		if prev := HandleState(b.st.Load()); prev != next && prev != StateClosed {
 			if b.st.CompareAndSwap(int32(prev), int32(next)) {
