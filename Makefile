@@ -56,7 +56,8 @@ FUZZ_TARGETS := \
 	./umbp/vllmhash:FuzzChain \
 	./internal/bytesize:FuzzParse \
 	./cmd/umbp:FuzzFlagValues \
-	./internal/masterconn:FuzzCheckMatch
+	./internal/masterconn:FuzzCheckMatch \
+	./umbp:FuzzHostileMaster
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; fn=$${t##*:}; echo "== $$fn ($$pkg)"; \

@@ -322,6 +322,10 @@ func TestClusterScore(t *testing.T) {
 	if m.Calls("MatchExternalKv") != 1 || m.Calls("BatchLookup") != 2 { // one for the handle's attach
 		t.Errorf("calls: %d matches, %d lookups", m.Calls("MatchExternalKv"), m.Calls("BatchLookup"))
 	}
+	// Scoring counts no hits: the index's hit counts stay as they were.
+	if hc, err := raw.GetExternalKvHitCounts(ctx, &umbppb.GetExternalKvHitCountsRequest{Hashes: req.Hashes}); err != nil || len(hc.GetEntries()) != 0 {
+		t.Errorf("hit counts after scoring = %v, %v; want none", hc, err)
+	}
 	// A node that unregisters drops out of the scores.
 	if _, err := raw.UnregisterClient(ctx, &umbppb.UnregisterClientRequest{NodeId: "n2"}); err != nil {
 		t.Fatal(err)
