@@ -398,3 +398,42 @@ func TestClusterScoreEveryNode(t *testing.T) {
 		t.Fatalf("Score without candidates = %+v, %v", s, err)
 	}
 }
+
+// Errors of the cluster API read "umbp:" once and name the master once
+// where it was asked.
+func TestClusterErrorsSayItOnce(t *testing.T) {
+	once := func(what string, err error, addr string) {
+		t.Helper()
+		if err == nil {
+			t.Errorf("%s: no error", what)
+			return
+		}
+		if n := strings.Count(err.Error(), "umbp:"); n != 1 {
+			t.Errorf("%s says umbp: %d times: %v", what, n, err)
+		}
+		if addr != "" && strings.Count(err.Error(), addr) != 1 {
+			t.Errorf("%s names %s %d times: %v", what, addr, strings.Count(err.Error(), addr), err)
+		}
+	}
+	m := umbptest.NewMaster(t, umbptest.MasterOptions{ReaperInterval: -1})
+	h := newClusterHandle(t, clusterConfig(t, m.Addr()))
+	ctx := context.Background()
+	once("clear", h.Clear(ctx), m.Addr())
+	_, err := h.Score(ctx, umbp.ScoreRequest{Candidates: []string{""}})
+	once("score", err, "")
+	_, err = umbp.NewClusterRuntime(umbp.ClusterConfig{Master: "10.9.9.9:1"})
+	once("plaintext config", err, "10.9.9.9:1")
+	m.Stall()
+	cfg := clusterConfig(t, m.Addr())
+	cfg.StartupTimeout = 50 * time.Millisecond
+	rt, _ := umbp.NewClusterRuntime(cfg)
+	_, err = rt.NewSchedulerHandle(ctx, "ns", umbp.RankTopology{}, nil)
+	once("attach to a stalled master", err, m.Addr())
+	m.Resume()
+
+	srv := newServer(t, umbptest.Options{})
+	w := newWorker(t, newRuntime(t, testConfig(t, srv.Endpoint())))
+	once("bad tier", w.ReportExternalKv(ctx, umbp.Tier(0), []string{"h"}), "")
+	srv.FailNext("RevokeExternalKvBlocks", 1)
+	once("failed revoke", w.RevokeExternalKv(ctx, umbp.TierSSD, []string{"h"}), strings.TrimPrefix(srv.Endpoint(), "unix://"))
+}

@@ -57,7 +57,7 @@ func (t Tier) String() string {
 
 func (t Tier) check() error {
 	if t < TierHBM || t > TierSSD {
-		return fmt.Errorf("%w: %v is not HBM, DRAM or SSD", ErrInvalidKey, t)
+		return fmt.Errorf("%w: tier %v is not HBM, DRAM or SSD", ErrInvalidKey, t)
 	}
 	return nil
 }
@@ -95,7 +95,7 @@ func (w *WorkerHandle) RevokeAllExternalKv(ctx context.Context, tier Tier) error
 
 func (w *WorkerHandle) externalKv(ctx context.Context, op string, tier Tier, fn func(context.Context, *conn.Conn) (bool, error)) error {
 	if err := tier.check(); err != nil {
-		return public(err)
+		return fmt.Errorf("%w: %s", err, op)
 	}
 	if w.isClosed() {
 		return fmt.Errorf("umbp: %s at %s: %w", op, w.address, ErrClosed)

@@ -88,7 +88,7 @@ type Scores struct {
 
 func (r *ScoreRequest) check() error {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("umbp: score: %w: "+format, append([]any{ErrInvalidKey}, args...)...)
+		return fmt.Errorf("%w: score: "+format, append([]any{ErrInvalidKey}, args...)...)
 	}
 	if len(r.Candidates) > MaxScoreCandidates {
 		return bad("%d candidates, more than %d", len(r.Candidates), MaxScoreCandidates)
