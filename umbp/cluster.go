@@ -290,6 +290,16 @@ func (b *masterBackend) capabilities() ServerCapabilities {
 
 func (b *masterBackend) reconnects() uint64 { return b.reattach.Load() }
 
+func (b *masterBackend) rpcName(method string) string {
+	switch method {
+	case "BatchExists", "BatchExistsConsecutive", "Ping":
+		return "BatchLookup"
+	case "Score":
+		return "MatchExternalKv and BatchLookup"
+	}
+	return method
+}
+
 func (b *masterBackend) clearRefusal() error {
 	return fmt.Errorf("%w: a distributed pool is cleared by its nodes, not through the master", ErrNotSupported)
 }

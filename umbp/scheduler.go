@@ -168,10 +168,10 @@ func call[T any](ctx context.Context, h *SchedulerHandle, method string, fn func
 		h.mu.Unlock()
 	}
 	if err := ctx.Err(); err != nil {
-		return zero, fmt.Errorf("%s: %w", method, err)
+		return zero, fmt.Errorf("%s: %w", h.backend.rpcName(method), err)
 	}
 	h.stats.timeouts.Add(1)
-	return zero, fmt.Errorf("%s got no reply within %v: %w", method, h.timeout, context.DeadlineExceeded)
+	return zero, fmt.Errorf("%s got no reply within %v: %w", h.backend.rpcName(method), h.timeout, context.DeadlineExceeded)
 }
 
 // State reports whether the handle is connected, reconnecting or closed.
@@ -406,6 +406,9 @@ type schedBackend interface {
 	waitForStateChange(ctx context.Context, from HandleState) bool
 	capabilities() ServerCapabilities
 	reconnects() uint64
+	// rpcName is what the call a scheduler method names (the standalone
+	// protocol's) is called here, for errors.
+	rpcName(method string) string
 	// clearRefusal is non-nil where Clear is refused without asking.
 	clearRefusal() error
 	// shutdown stops reconnecting and moves the state to closed.
@@ -446,6 +449,7 @@ func (b standaloneBackend) waitForStateChange(ctx context.Context, from HandleSt
 func (b standaloneBackend) capabilities() ServerCapabilities { return b.l.capabilities() }
 func (b standaloneBackend) reconnects() uint64               { return b.l.reconnects.Load() }
 func (b standaloneBackend) clearRefusal() error              { return nil }
+func (b standaloneBackend) rpcName(method string) string     { return method }
 func (b standaloneBackend) shutdown()                        { b.l.shutdown() }
 func (b standaloneBackend) closer() func() error             { return b.l.conn().Close }
 func (b standaloneBackend) waitsOutCalls() bool              { return true }
