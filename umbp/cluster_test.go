@@ -14,6 +14,7 @@ import (
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 	"github.com/umbp-go/umbp-go/umbp"
 	"github.com/umbp-go/umbp-go/umbp/umbptest"
+	"github.com/umbp-go/umbp-go/umbp/vllmhash"
 )
 
 // fakeNode is a node of the test master: registered, its keys sent in one
@@ -436,4 +437,69 @@ func TestClusterErrorsSayItOnce(t *testing.T) {
 	once("bad tier", w.ReportExternalKv(ctx, umbp.Tier(0), []string{"h"}), "")
 	srv.FailNext("RevokeExternalKvBlocks", 1)
 	once("failed revoke", w.RevokeExternalKv(ctx, umbp.TierSSD, []string{"h"}), strings.TrimPrefix(srv.Endpoint(), "unix://"))
+}
+
+// bigMaster answers every lookup with a reply far larger than asked.
+type bigMaster struct {
+	umbppb.UnimplementedUMBPMasterServer
+}
+
+func (bigMaster) BatchLookup(_ context.Context, req *umbppb.BatchLookupRequest) (*umbppb.BatchLookupResponse, error) {
+	if len(req.GetKeys()) == 0 {
+		return &umbppb.BatchLookupResponse{}, nil
+	}
+	return &umbppb.BatchLookupResponse{Found: make([]bool, 1<<20)}, nil
+}
+
+// An answer over MaxReplyBytes is refused by the transport: a miss.
+func TestClusterReplyBound(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	umbppb.RegisterUMBPMasterServer(srv, bigMaster{})
+	go srv.Serve(lis)
+	defer srv.Stop()
+	cfg := clusterConfig(t, lis.Addr().String())
+	cfg.MaxReplyBytes = 4096
+	h := newClusterHandle(t, cfg)
+	if got := h.Lookup(context.Background(), []string{"a"}); len(got) != 1 || got[0] {
+		t.Fatalf("Lookup = %v; want one miss", got)
+	}
+	if h.Stats().Failures != 1 || h.State() != umbp.StateConnected {
+		t.Errorf("stats %+v", h.Stats())
+	}
+}
+
+func TestClusterLookupTokens(t *testing.T) {
+	hasher, err := vllmhash.NewHasher(vllmhash.SHA256, "0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyer, err := umbp.NewTokenKeyer(umbp.TokenKeyConfig{Namespace: "ns", Groups: []umbp.KVCacheGroup{{ID: 0, BlockSize: 16}}, Hasher: hasher})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := make([]int32, 64)
+	for i := range prompt {
+		prompt[i] = int32(i)
+	}
+	keys, err := keyer.Keys(prompt, vllmhash.ExtraKeys{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := umbptest.NewMaster(t, umbptest.MasterOptions{ReaperInterval: -1})
+	raw := dialMaster(t, m.Addr())
+	newFakeNode(t, raw, "n1", keys.Keys[:1])
+	newFakeNode(t, raw, "n2", keys.Keys[1:3]) // blocks 0-2 across two nodes
+	h := newClusterHandle(t, clusterConfig(t, m.Addr()))
+	n, err := h.LookupTokens(context.Background(), keyer, prompt, vllmhash.ExtraKeys{})
+	if err != nil || n != 48 {
+		t.Fatalf("LookupTokens = %d, %v; want 48", n, err)
+	}
+	s, err := h.ScoreTokens(context.Background(), keyer, prompt, vllmhash.ExtraKeys{}, []string{"n1"}, umbp.TierWeights{})
+	if err != nil || s.PoolTokens != 48 || s.Tokens[0] != 0 {
+		t.Fatalf("ScoreTokens = %+v, %v", s, err)
+	}
 }
