@@ -55,7 +55,9 @@ FUZZ_TARGETS := \
 	./umbp/vllmhash:FuzzUnpickle \
 	./umbp/vllmhash:FuzzChain \
 	./internal/bytesize:FuzzParse \
-	./cmd/umbp:FuzzFlagValues
+	./cmd/umbp:FuzzFlagValues \
+	./internal/masterconn:FuzzCheckMatch \
+	./umbp:FuzzHostileMaster
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; fn=$${t##*:}; echo "== $$fn ($$pkg)"; \

@@ -39,6 +39,14 @@ type Config struct {
 	// LookupTimeout bounds each scheduler call. Zero means
 	// DefaultLookupTimeout.
 	LookupTimeout time.Duration
+	// LoadFailureQuarantine is how long a key whose load failed
+	// (SchedulerHandle.QuarantineKeys) answers as a miss; zero or negative
+	// is off (the default for a standalone pool). A server in distributed
+	// mode: vLLM uses DefaultLoadFailureQuarantine.
+	LoadFailureQuarantine time.Duration
+	// RequireDistributed refuses a server whose deployment mode is not
+	// STANDALONE_BACKEND_DISTRIBUTED: every attach (and re-attach) fails.
+	RequireDistributed bool
 	// StartupTimeout bounds the wait for the server to answer Ping when a
 	// handle attaches. Zero means DefaultStartupTimeout.
 	StartupTimeout time.Duration

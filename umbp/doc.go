@@ -11,6 +11,11 @@
 //     moves blocks between that memory and the pool as asynchronous
 //     [TransferJob]s.
 //
+// Beyond one node, a [ClusterRuntime] yields the same [SchedulerHandle] on
+// MORI's UMBP master, for a scheduler's view of a distributed pool and a
+// router's [SchedulerHandle.Score] of where a prompt lives
+// (docs/CLUSTER.md).
+//
 // The package's promise, above every other property: the pool can only make
 // the engine faster. A stalled, slow, crashed or missing server shows up as
 // cache misses within a deadline — never as a hung engine step, never as

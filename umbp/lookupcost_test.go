@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 

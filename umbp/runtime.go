@@ -51,6 +51,9 @@ func (r *StandaloneRuntime) dial(ctx context.Context) (*conn.Conn, error) {
 	if errors.Is(err, ErrUntrustedServer) {
 		return nil, fmt.Errorf("umbp: refusing the UMBP standalone server at %s: %w", r.cfg.Endpoint, err)
 	}
+	if err == nil {
+		err = r.checkMode(c) // externalkv.go
+	}
 	if err != nil {
 		return nil, fmt.Errorf("umbp: cannot attach to the UMBP standalone server at %s: %w", r.cfg.Endpoint, err)
 	}

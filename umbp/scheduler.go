@@ -12,6 +12,7 @@ import (
 
 	"github.com/umbp-go/umbp-go/internal/conn"
 	"github.com/umbp-go/umbp-go/internal/daemonpool"
+	"github.com/umbp-go/umbp-go/internal/masterconn"
 )
 
 var (
@@ -31,7 +32,7 @@ var (
 //
 // A SchedulerHandle is safe for concurrent use.
 type SchedulerHandle struct {
-	link    *link
+	backend schedBackend // a standalone server, or the master
 	address string
 	log     *slog.Logger
 	timeout time.Duration // per call, from LookupTimeout
@@ -39,8 +40,10 @@ type SchedulerHandle struct {
 	// sides of every call (measured: about a third of a 1024-key lookup),
 	// and a call that overran is waited out rather than repeated anyway.
 	closeTimeout time.Duration
+	what         string // "UMBP standalone" or "UMBP master", for logs
 	failures     logLimiter
 	stats        counters
+	quarantine   *quarantine // nil: off
 
 	mu sync.Mutex
 	// calls runs the calls to the current connection; a new connection
@@ -64,17 +67,19 @@ func (r *StandaloneRuntime) NewSchedulerHandle(ctx context.Context, namespace st
 	}
 	h := &SchedulerHandle{
 		address:      r.cfg.Endpoint,
+		what:         "UMBP standalone",
 		log:          r.cfg.Logger,
 		timeout:      r.cfg.LookupTimeout,
 		closeTimeout: r.cfg.Timeout,
 		calls:        pool,
+		quarantine:   newQuarantine(r.cfg.LoadFailureQuarantine),
 	}
 	l, err := newLink(ctx, r, nil, h.replaced)
 	if err != nil {
 		pool.Shutdown()
 		return nil, err
 	}
-	h.link = l
+	h.backend = standaloneBackend{l}
 	return h, nil
 }
 
@@ -107,7 +112,7 @@ func newLookupPool() (*daemonpool.Pool, error) {
 
 // call runs fn on h's detached goroutine and waits for it at most
 // LookupTimeout or until ctx ends.
-func call[T any](ctx context.Context, h *SchedulerHandle, method string, fn func(context.Context, *conn.Conn) (T, error)) (T, error) {
+func call[T any](ctx context.Context, h *SchedulerHandle, method string, fn func(context.Context, lookupSource) (T, error)) (T, error) {
 	var zero T
 	h.mu.Lock()
 	if h.closed {
@@ -117,7 +122,7 @@ func call[T any](ctx context.Context, h *SchedulerHandle, method string, fn func
 	// Read under h.mu: a replaced connection swaps the pool under h.mu
 	// after swapping the connection, so a call never runs on a new pool
 	// against an old connection.
-	c, err := h.link.current()
+	c, err := h.backend.session()
 	if err != nil {
 		h.mu.Unlock()
 		return zero, err
@@ -134,7 +139,7 @@ func call[T any](ctx context.Context, h *SchedulerHandle, method string, fn func
 	pool := h.calls
 	f, err := daemonpool.Submit(pool, func() (T, error) {
 		v, err := fn(context.Background(), c)
-		h.link.failed(err)
+		h.backend.failed(err)
 		return v, err
 	})
 	h.mu.Unlock()
@@ -164,18 +169,18 @@ func call[T any](ctx context.Context, h *SchedulerHandle, method string, fn func
 		h.mu.Unlock()
 	}
 	if err := ctx.Err(); err != nil {
-		return zero, fmt.Errorf("%s: %w", method, err)
+		return zero, fmt.Errorf("%s: %w", h.backend.rpcName(method), err)
 	}
 	h.stats.timeouts.Add(1)
-	return zero, fmt.Errorf("%s got no reply within %v: %w", method, h.timeout, context.DeadlineExceeded)
+	return zero, fmt.Errorf("%s got no reply within %v: %w", h.backend.rpcName(method), h.timeout, context.DeadlineExceeded)
 }
 
 // State reports whether the handle is connected, reconnecting or closed.
-func (h *SchedulerHandle) State() HandleState { return HandleState(h.link.state.Load()) }
+func (h *SchedulerHandle) State() HandleState { return h.backend.state() }
 
 // Stats returns a snapshot of the handle's health and counters.
 func (h *SchedulerHandle) Stats() Stats {
-	s := Stats{State: h.State(), Capabilities: h.link.capabilities(), Reconnects: h.link.reconnects.Load()}
+	s := Stats{State: h.State(), Capabilities: h.backend.capabilities(), Reconnects: h.backend.reconnects()}
 	h.stats.fill(&s)
 	return s
 }
@@ -201,17 +206,17 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 		return h.misses(len(keys))
 	}
 	h.stats.lookups.Add(1)
-	out, err := call(ctx, h, "BatchExists", func(ctx context.Context, c *conn.Conn) ([]bool, error) {
+	out, err := call(ctx, h, "BatchExists", func(ctx context.Context, c lookupSource) ([]bool, error) {
 		ask, at := ask, at // this goroutine's own: the caller may have given up on it
-		hits, errs := c.BatchExists(ctx, ask, true)
-		if errs != nil && !allUTF8(ask) {
+		hits, err := c.exists(ctx, ask)
+		if err != nil && !allUTF8(ask) {
 			// The request was never sent: the encoder refused it.
 			if ask, at = validKeys(keys); len(ask) == 0 {
 				return make([]bool, len(keys)), nil
 			}
-			hits, errs = c.BatchExists(ctx, ask, true)
+			hits, err = c.exists(ctx, ask)
 		}
-		if err := conn.Joined(errs); err != nil {
+		if err != nil {
 			return nil, err
 		}
 		if len(hits) != len(ask) {
@@ -230,6 +235,7 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 		h.logFailure("lookup", err)
 		return h.misses(len(keys))
 	}
+	h.quarantine.mask(keys, out)
 	n := uint64(0)
 	for _, hit := range out {
 		if hit {
@@ -281,12 +287,13 @@ func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
 	if i := slices.Index(keys, ""); i >= 0 {
 		keys = keys[:i]
 	}
+	keys = keys[:h.quarantine.first(keys)] // so does one in quarantine
 	if len(keys) == 0 {
 		return 0
 	}
 	h.stats.lookups.Add(1)
-	n, err := call(ctx, h, "BatchExistsConsecutive", func(ctx context.Context, c *conn.Conn) (int, error) {
-		n, err := c.BatchExistsConsecutive(ctx, keys, true)
+	n, err := call(ctx, h, "BatchExistsConsecutive", func(ctx context.Context, c lookupSource) (int, error) {
+		n, err := c.prefix(ctx, keys)
 		if err != nil {
 			if i := slices.IndexFunc(keys, func(k string) bool { return !utf8.ValidString(k) }); i >= 0 {
 				// The request holding it was never sent; the count
@@ -294,7 +301,7 @@ func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
 				if i == 0 {
 					return 0, nil
 				}
-				n, err = c.BatchExistsConsecutive(ctx, keys[:i], true)
+				n, err = c.prefix(ctx, keys[:i])
 			}
 		}
 		return n, err
@@ -320,8 +327,11 @@ func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
 // unreachable (ErrUnavailable), or no reply within LookupTimeout
 // (context.DeadlineExceeded).
 func (h *SchedulerHandle) Clear(ctx context.Context) error {
-	cleared, err := call(ctx, h, "Clear", func(ctx context.Context, c *conn.Conn) (bool, error) {
-		return c.Clear(ctx)
+	if err := h.backend.clearRefusal(); err != nil {
+		return fmt.Errorf("umbp: clear the pool at %s: %w", h.address, err)
+	}
+	cleared, err := call(ctx, h, "Clear", func(ctx context.Context, c lookupSource) (bool, error) {
+		return c.clear(ctx)
 	})
 	if err == nil && !cleared {
 		err = fmt.Errorf("%w: the server answered that it did not clear its pool", ErrRefused)
@@ -338,13 +348,13 @@ func (h *SchedulerHandle) Clear(ctx context.Context) error {
 // scheduler call; the answer also refreshes what [SchedulerHandle.Stats]
 // reports. Its error says why the server did not answer.
 func (h *SchedulerHandle) Ping(ctx context.Context) (ServerCapabilities, error) {
-	caps, err := call(ctx, h, "Ping", func(ctx context.Context, c *conn.Conn) (conn.Capabilities, error) {
-		return c.Ping(ctx)
+	caps, err := call(ctx, h, "Ping", func(ctx context.Context, c lookupSource) (ServerCapabilities, error) {
+		return c.ping(ctx)
 	})
 	if err != nil {
 		return ServerCapabilities{}, fmt.Errorf("umbp: ping %s: %w", h.address, err)
 	}
-	return capabilitiesOf(caps), nil
+	return caps, nil
 }
 
 // Close releases the handle. It never blocks longer than Timeout. If a call
@@ -359,30 +369,30 @@ func (h *SchedulerHandle) Close() error {
 	}
 	h.closed = true
 	h.mu.Unlock()
-	h.link.shutdown()
+	h.backend.shutdown()
 	h.mu.Lock()
 	calls := h.calls
 	unanswered := h.unanswered != nil && !isDone(h.unanswered)
 	h.mu.Unlock()
 	calls.Shutdown()
-	c := h.link.conn()
-	if unanswered {
+	closeConn := h.backend.closer()
+	if unanswered && h.backend.waitsOutCalls() {
 		// Close the connection once the call returns; closing it now would
 		// wait for that call.
 		go func() {
 			<-calls.Terminated()
-			_ = c.Close()
+			_ = closeConn()
 		}()
 		return h.leaveOpen("a call to the server never returned")
 	}
 	done := make(chan error, 1)
-	go func() { done <- c.Close() }()
+	go func() { done <- closeConn() }()
 	timer := time.NewTimer(h.closeTimeout)
 	defer timer.Stop()
 	select {
 	case err := <-done:
 		if err != nil {
-			h.log.Warn("UMBP standalone scheduler client close failed", "endpoint", h.address, "err", err)
+			h.log.Warn(h.what+" scheduler client close failed", "endpoint", h.address, "err", err)
 		}
 		return nil
 	case <-timer.C:
@@ -391,7 +401,7 @@ func (h *SchedulerHandle) Close() error {
 }
 
 func (h *SchedulerHandle) leaveOpen(reason string) error {
-	h.log.Warn("UMBP standalone scheduler client left open at shutdown", "endpoint", h.address, "reason", reason)
+	h.log.Warn(h.what+" scheduler client left open at shutdown", "endpoint", h.address, "reason", reason)
 	return fmt.Errorf("umbp: scheduler connection to %s left open: %s", h.address, reason)
 }
 
@@ -402,7 +412,7 @@ func (h *SchedulerHandle) logFailure(op string, err error) {
 	if errors.Is(err, ErrClosed) || errors.Is(err, conn.ErrClosed) || !h.failures.allow() {
 		return
 	}
-	h.log.Warn("UMBP standalone call failed; treating as a miss", "op", op, "endpoint", h.address, "err", err)
+	h.log.Warn(h.what+" call failed; treating as a miss", "op", op, "endpoint", h.address, "err", err)
 }
 
 func isDone(done <-chan struct{}) bool {
@@ -412,4 +422,93 @@ func isDone(done <-chan struct{}) bool {
 	default:
 		return false
 	}
+}
+
+// schedBackend is what a scheduler handle is attached to: a standalone
+// server through the link, or MORI's master through a gRPC channel. The
+// handle's own machinery (the detached call, the timeout, fail-fast while
+// a call is stuck, the counters) is the same for both.
+type schedBackend interface {
+	// session returns what a call asks now, or the error to answer at
+	// once (reconnecting, closed).
+	session() (lookupSource, error)
+	// failed sees every call's error.
+	failed(err error)
+	state() HandleState
+	waitForStateChange(ctx context.Context, from HandleState) bool
+	capabilities() ServerCapabilities
+	reconnects() uint64
+	// rpcName is what the call a scheduler method names (the standalone
+	// protocol's) is called here, for errors.
+	rpcName(method string) string
+	// clearRefusal is non-nil where Clear is refused without asking.
+	clearRefusal() error
+	// shutdown stops reconnecting and moves the state to closed.
+	shutdown()
+	// closer returns what closes the connection; waitsOutCalls reports
+	// whether closing it waits for a call in flight (so that Close must
+	// leave it to the call's end).
+	closer() func() error
+	waitsOutCalls() bool
+}
+
+// lookupSource is one connection's answers to what a scheduler asks.
+type lookupSource interface {
+	exists(ctx context.Context, keys []string) ([]bool, error)
+	prefix(ctx context.Context, keys []string) (int, error)
+	// match asks the external KV index which nodes hold hashes.
+	match(ctx context.Context, hashes []string) ([]masterconn.NodeMatch, error)
+	clear(ctx context.Context) (bool, error)
+	ping(ctx context.Context) (ServerCapabilities, error)
+}
+
+// standaloneBackend is a scheduler handle's link to a standalone server.
+type standaloneBackend struct{ l *link }
+
+func (b standaloneBackend) session() (lookupSource, error) {
+	c, err := b.l.current()
+	if err != nil {
+		return nil, err
+	}
+	return standaloneSource{c}, nil
+}
+
+func (b standaloneBackend) failed(err error)   { b.l.failed(err) }
+func (b standaloneBackend) state() HandleState { return HandleState(b.l.state.Load()) }
+func (b standaloneBackend) waitForStateChange(ctx context.Context, from HandleState) bool {
+	return b.l.waitForStateChange(ctx, from)
+}
+func (b standaloneBackend) capabilities() ServerCapabilities { return b.l.capabilities() }
+func (b standaloneBackend) reconnects() uint64               { return b.l.reconnects.Load() }
+func (b standaloneBackend) clearRefusal() error              { return nil }
+func (b standaloneBackend) rpcName(method string) string     { return method }
+func (b standaloneBackend) shutdown()                        { b.l.shutdown() }
+func (b standaloneBackend) closer() func() error             { return b.l.conn().Close }
+func (b standaloneBackend) waitsOutCalls() bool              { return true }
+
+// standaloneSource asks one connection to a standalone server.
+type standaloneSource struct{ c *conn.Conn }
+
+func (s standaloneSource) exists(ctx context.Context, keys []string) ([]bool, error) {
+	hits, errs := s.c.BatchExists(ctx, keys, true)
+	return hits, conn.Joined(errs)
+}
+
+func (s standaloneSource) prefix(ctx context.Context, keys []string) (int, error) {
+	return s.c.BatchExistsConsecutive(ctx, keys, true)
+}
+
+func (s standaloneSource) match(ctx context.Context, hashes []string) ([]masterconn.NodeMatch, error) {
+	matches, err := s.c.MatchExternalKvOnce(ctx, hashes)
+	if err != nil {
+		return nil, err
+	}
+	return masterconn.CheckMatch(hashes, matches, masterconn.DefaultMaxNodes)
+}
+
+func (s standaloneSource) clear(ctx context.Context) (bool, error) { return s.c.Clear(ctx) }
+
+func (s standaloneSource) ping(ctx context.Context) (ServerCapabilities, error) {
+	caps, err := s.c.Ping(ctx)
+	return capabilitiesOf(caps), err
 }

@@ -61,7 +61,7 @@ type ServerCapabilities struct {
 //		log.Info("UMBP pool", "state", h.State())
 //	}
 func (h *SchedulerHandle) WaitForStateChange(ctx context.Context, from HandleState) bool {
-	return h.link.waitForStateChange(ctx, from)
+	return h.backend.waitForStateChange(ctx, from)
 }
 
 // WaitForStateChange waits until the handle's state differs from from, as

@@ -101,12 +101,17 @@ func closeScheduler(e env, h *umbp.SchedulerHandle) {
 // not the pool's answer. The library tells why a lookup failed only in its
 // log: the error quotes its last warning.
 func answered(ctx context.Context, c *common, h *umbp.SchedulerHandle, before umbp.Stats) error {
+	return answeredWithin(ctx, c, h, before, c.timeout)
+}
+
+// answeredWithin is answered for a call bounded by timeout.
+func answeredWithin(ctx context.Context, c *common, h *umbp.SchedulerHandle, before umbp.Stats, timeout time.Duration) error {
 	after := h.Stats()
 	switch {
 	case ctx.Err() != nil:
 		return fmt.Errorf("lookup interrupted: %w", ctx.Err())
 	case after.Timeouts > before.Timeouts:
-		return fmt.Errorf("the server did not answer within %v: its answers are not the pool's", c.timeout)
+		return fmt.Errorf("the server did not answer within %v: its answers are not the pool's", timeout)
 	case after.Failures > before.Failures:
 		why := "the library logged no reason"
 		if w := c.lib.lastWarning(); w != "" {

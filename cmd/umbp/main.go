@@ -96,6 +96,7 @@ func commands() []command {
 		{"key", "make|parse|tokens ...", "make keys from block hashes or tokens, or decode keys", keyFlags},
 		{"clear", "-yes", "drop every object in the pool (every engine's KV)", clearFlags},
 		{"bench", "", "measure store and load throughput through a worker handle", benchFlags},
+		{"cluster", "lookup|match|score ...", "ask MORI's UMBP master which nodes hold what (cluster.go)", clusterFlags},
 	}
 }
 

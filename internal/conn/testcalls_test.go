@@ -6,9 +6,6 @@ package conn
 
 import (
 	"context"
-	"unicode/utf8"
-
-	"google.golang.org/grpc"
 
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
@@ -97,9 +94,8 @@ func (c *Conn) Exists(ctx context.Context, key string) (bool, error) {
 // and methods without a wrapper.
 func (c *Conn) Raw() umbppb.UMBPStandaloneClient { return c.raw }
 
-// The external-KV calls pass through to the server's backend. On a local
-// backend Report and Revoke return true and Match finds nothing. Hash lists
-// are split to fit the message limit like any batch.
+// MatchExternalKv and GetExternalKvHitCounts with every hash, split like
+// any batch (the production calls are in externalkv.go).
 
 // ExternalKvMatch is one node's answer to MatchExternalKv.
 type ExternalKvMatch struct {
@@ -118,79 +114,6 @@ type TierHashes struct {
 type HitCount struct {
 	Hash  string
 	Total uint64
-}
-
-// hashSpans checks that the Conn is usable, validates hashes and splits
-// them to fit the message limit beside a client id and a few small fields.
-// An empty list is one empty span: the call still reaches the server.
-func (c *Conn) hashSpans(op string, hashes []string) ([]span, error) {
-	if err := c.usable(op); err != nil {
-		return nil, err
-	}
-	if len(hashes) == 0 {
-		return []span{{0, 0}}, nil
-	}
-	for i, h := range hashes {
-		if !utf8.ValidString(h) {
-			return nil, invalid(op, "hash %d (%q) is not valid UTF-8", i, h)
-		}
-	}
-	fixed := fixedCost(len(c.clientID), 0) + 2*11 // tier or count_as_hit
-	return cutter{op: op, fixed: fixed}.cut(len(hashes), func(i int) entryCost { return entryCost{wire: bytesField(len(hashes[i]))} })
-}
-
-// ReportExternalKvBlocks reports hashes held on tier by this client. It
-// returns true when the server accepted every one; a refusal with a reason
-// is an error wrapping ErrRefused.
-func (c *Conn) ReportExternalKvBlocks(ctx context.Context, hashes []string, tier umbppb.TierType) (bool, error) {
-	return c.mutateExternal(ctx, "ReportExternalKvBlocks", hashes, tier, c.raw.ReportExternalKvBlocks)
-}
-
-// RevokeExternalKvBlocks withdraws hashes reported on tier by this client.
-// It returns true when the server accepted every one; a refusal with a
-// reason is an error wrapping ErrRefused.
-func (c *Conn) RevokeExternalKvBlocks(ctx context.Context, hashes []string, tier umbppb.TierType) (bool, error) {
-	return c.mutateExternal(ctx, "RevokeExternalKvBlocks", hashes, tier, c.raw.RevokeExternalKvBlocks)
-}
-
-type mutateRPC = func(context.Context, *umbppb.StandaloneExternalKvMutationRequest, ...grpc.CallOption) (*umbppb.BoolResponse, error)
-
-func (c *Conn) mutateExternal(ctx context.Context, op string, hashes []string, tier umbppb.TierType, rpc mutateRPC) (bool, error) {
-	spans, err := c.hashSpans(op, hashes)
-	if err != nil {
-		return false, err
-	}
-	for _, s := range spans {
-		resp, err := rpc(ctx, &umbppb.StandaloneExternalKvMutationRequest{
-			Hashes:   hashes[s.start:s.end],
-			Tier:     tier,
-			ClientId: c.clientID,
-		})
-		if err != nil {
-			return false, c.rpcError(ctx, op, err)
-		}
-		if ok, err := boolReply(op, resp); !ok {
-			return false, err
-		}
-	}
-	return true, nil
-}
-
-// RevokeAllExternalKvBlocksAtTier withdraws everything this client reported
-// on tier. A refusal with a reason is an error wrapping ErrRefused.
-func (c *Conn) RevokeAllExternalKvBlocksAtTier(ctx context.Context, tier umbppb.TierType) (bool, error) {
-	const op = "RevokeAllExternalKvBlocksAtTier"
-	if err := c.usable(op); err != nil {
-		return false, err
-	}
-	resp, err := c.raw.RevokeAllExternalKvBlocksAtTier(ctx, &umbppb.StandaloneExternalKvTierRequest{
-		Tier:     tier,
-		ClientId: c.clientID,
-	})
-	if err != nil {
-		return false, c.rpcError(ctx, op, err)
-	}
-	return boolReply(op, resp)
 }
 
 // MatchExternalKv asks which nodes hold hashes, counting the lookups as hits

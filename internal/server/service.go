@@ -374,39 +374,4 @@ func (v *service) DeregisterMemory(_ context.Context, req *umbppb.DeregisterMemo
 	return &umbppb.Empty{}, nil
 }
 
-// ReportExternalKvBlocks is accepted and ignored, as by a local backend.
-func (v *service) ReportExternalKvBlocks(context.Context, *umbppb.StandaloneExternalKvMutationRequest) (*umbppb.BoolResponse, error) {
-	return v.passThrough(), nil
-}
-
-// RevokeExternalKvBlocks is accepted and ignored, as by a local backend.
-func (v *service) RevokeExternalKvBlocks(context.Context, *umbppb.StandaloneExternalKvMutationRequest) (*umbppb.BoolResponse, error) {
-	return v.passThrough(), nil
-}
-
-// RevokeAllExternalKvBlocksAtTier is accepted and ignored, as by a local backend.
-func (v *service) RevokeAllExternalKvBlocksAtTier(context.Context, *umbppb.StandaloneExternalKvTierRequest) (*umbppb.BoolResponse, error) {
-	return v.passThrough(), nil
-}
-
-func (v *service) passThrough() *umbppb.BoolResponse {
-	if v.s.ops.isClosing() {
-		return failReply(MsgShuttingDown)
-	}
-	return okReply()
-}
-
-// MatchExternalKv finds nothing: a local backend knows no external KV.
-func (v *service) MatchExternalKv(context.Context, *umbppb.StandaloneMatchExternalKvRequest) (*umbppb.StandaloneMatchExternalKvResponse, error) {
-	return &umbppb.StandaloneMatchExternalKvResponse{}, nil
-}
-
-// GetExternalKvHitCounts answers 0 for every hash.
-func (v *service) GetExternalKvHitCounts(_ context.Context, req *umbppb.StandaloneExternalKvHitCountsRequest) (*umbppb.StandaloneExternalKvHitCountsResponse, error) {
-	hashes := req.GetHashes()
-	entries := make([]*umbppb.StandaloneExternalKvHitCountEntry, len(hashes))
-	for i, h := range hashes {
-		entries[i] = &umbppb.StandaloneExternalKvHitCountEntry{Hash: h}
-	}
-	return &umbppb.StandaloneExternalKvHitCountsResponse{Entries: entries}, nil
-}
+// The external-KV calls are in externalkv.go.

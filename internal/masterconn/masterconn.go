@@ -1,0 +1,230 @@
+// Package masterconn is a bounded client of MORI's UMBP master (service
+// umbp.UMBPMaster) for the calls a scheduler or router makes: BatchLookup
+// and MatchExternalKv. Every answer is checked against its request before
+// anything is taken from it: a reply that does not fit is an error that
+// wraps ErrBadReply, never a panic or an allocation the request did not
+// bound.
+//
+// Errors name the operation and what happened, never the address nor the
+// package: the caller says that once.
+package masterconn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"unicode/utf8"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
+
+	"github.com/umbp-go/umbp-go/internal/errdefs"
+	"github.com/umbp-go/umbp-go/proto/umbppb"
+)
+
+var (
+	// ErrBadReply means the master's answer does not fit the request.
+	ErrBadReply = errors.New("bad reply from the master")
+	// ErrPlaintext refuses plaintext to an address that is not loopback.
+	ErrPlaintext = errors.New("plaintext to a master that is not on loopback")
+	// ErrInvalidArgument refuses a request before it is sent.
+	ErrInvalidArgument = errors.New("invalid argument")
+)
+
+// DefaultMaxReplyBytes bounds one answer of the master: MORI's own limit
+// for a message.
+const DefaultMaxReplyBytes = 64 << 20
+
+// DefaultMaxNodes bounds the nodes one MatchExternalKv answer may name.
+const DefaultMaxNodes = 4096
+
+// Options configure a Conn.
+type Options struct {
+	// Address is the master's host:port.
+	Address string
+	// Creds secure the channel; nil is plaintext, which is allowed to
+	// loopback addresses only unless AllowPlaintext.
+	Creds          credentials.TransportCredentials
+	AllowPlaintext bool
+	// MaxReplyBytes bounds one answer (0: DefaultMaxReplyBytes); MaxNodes
+	// bounds the nodes of a match (0: DefaultMaxNodes).
+	MaxReplyBytes int
+	MaxNodes      int
+	StatsHandler  stats.Handler
+}
+
+// Conn is a channel to the master. gRPC redials it on its own.
+type Conn struct {
+	cc       *grpc.ClientConn
+	raw      umbppb.UMBPMasterClient
+	maxNodes int
+}
+
+// CheckAddress checks a master address and, for plaintext, that it is
+// loopback or that plaintext was allowed; its error says why not.
+func CheckAddress(addr string, plaintext, allowPlaintext bool) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("not host:port: %w", err)
+	}
+	if host == "" || port == "" {
+		return errors.New("needs both a host and a port")
+	}
+	if !plaintext || allowPlaintext {
+		return nil
+	}
+	if !isLoopback(host) {
+		return fmt.Errorf("%w: MORI's master speaks plaintext TCP without authentication, so anyone on the path can read the prompts' keys and forge the answers; give transport credentials (TLS), or allow plaintext explicitly", ErrPlaintext)
+	}
+	return nil
+}
+
+// isLoopback reports whether host is a loopback IP or "localhost". Other
+// names are not resolved: what they resolve to can change.
+func isLoopback(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
+}
+
+// New makes a channel to the master; it does no I/O.
+func New(opts Options) (*Conn, error) {
+	if err := CheckAddress(opts.Address, opts.Creds == nil, opts.AllowPlaintext); err != nil {
+		return nil, err
+	}
+	creds := opts.Creds
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	maxReply := opts.MaxReplyBytes
+	if maxReply <= 0 {
+		maxReply = DefaultMaxReplyBytes
+	}
+	dopts := []grpc.DialOption{
+		grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxReply)),
+		// Never idle: a lost connection is redialled at once, not at the
+		// next call, so that State says when the master is back.
+		grpc.WithIdleTimeout(0),
+	}
+	if opts.StatsHandler != nil {
+		dopts = append(dopts, grpc.WithStatsHandler(opts.StatsHandler))
+	}
+	cc, err := grpc.NewClient("passthrough:///"+opts.Address, dopts...)
+	if err != nil {
+		return nil, err
+	}
+	c := &Conn{cc: cc, raw: umbppb.NewUMBPMasterClient(cc), maxNodes: opts.MaxNodes}
+	if c.maxNodes <= 0 {
+		c.maxNodes = DefaultMaxNodes
+	}
+	return c, nil
+}
+
+// Raw returns the generated client on the channel.
+func (c *Conn) Raw() umbppb.UMBPMasterClient { return c.raw }
+
+// State is the channel's connectivity state.
+func (c *Conn) State() connectivity.State { return c.cc.GetState() }
+
+// WaitForStateChange is grpc.ClientConn's.
+func (c *Conn) WaitForStateChange(ctx context.Context, s connectivity.State) bool {
+	return c.cc.WaitForStateChange(ctx, s)
+}
+
+// Connect starts connecting an idle channel.
+func (c *Conn) Connect() { c.cc.Connect() }
+
+// Close closes the channel; calls in flight fail at once.
+func (c *Conn) Close() error { return c.cc.Close() }
+
+// rpcError classifies a call's failure.
+func rpcError(ctx context.Context, op string, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		return fmt.Errorf("%s: %w: %w", op, cerr, err)
+	}
+	switch status.Code(err) {
+	case codes.DeadlineExceeded:
+		// The deadline is the caller's, even when gRPC's timer fired a
+		// moment before the context's.
+		if _, ok := ctx.Deadline(); ok {
+			return fmt.Errorf("%s: %w: %w", op, context.DeadlineExceeded, err)
+		}
+	case codes.Unavailable:
+		return fmt.Errorf("%s: %w: %w", op, errdefs.ErrUnavailable, err)
+	case codes.Canceled:
+		if strings.Contains(err.Error(), "grpc: the client connection is closing") {
+			return fmt.Errorf("%s: %w: %w", op, errdefs.ErrClosed, err)
+		}
+	case codes.ResourceExhausted:
+		return fmt.Errorf("%s: %w: %w", op, ErrBadReply, err)
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+func checkStrings(op, what string, ss []string) error {
+	for i, s := range ss {
+		if s == "" || !utf8.ValidString(s) {
+			return fmt.Errorf("%s: %w: %s %d (%q) is empty or not UTF-8", op, ErrInvalidArgument, what, i, s)
+		}
+	}
+	return nil
+}
+
+// BatchLookup reports for each key whether some node holds it. An empty
+// key is refused here; a key that is not UTF-8 fails the request before
+// anything is sent (the encoder refuses it), so the keys are not read twice.
+func (c *Conn) BatchLookup(ctx context.Context, keys []string) ([]bool, error) {
+	const op = "BatchLookup"
+	if i := slices.Index(keys, ""); i >= 0 {
+		return nil, fmt.Errorf("%s: %w: key %d is empty", op, ErrInvalidArgument, i)
+	}
+	resp, err := c.raw.BatchLookup(ctx, &umbppb.BatchLookupRequest{Keys: keys})
+	if err != nil {
+		return nil, rpcError(ctx, op, err)
+	}
+	found := resp.GetFound()
+	if len(found) != len(keys) {
+		return nil, fmt.Errorf("%s: %w: %d results for %d keys", op, ErrBadReply, len(found), len(keys))
+	}
+	return found, nil
+}
+
+// Probe asks BatchLookup about no keys: the cheapest call with no side
+// effects, to learn whether the master answers.
+func (c *Conn) Probe(ctx context.Context, waitForReady bool) error {
+	_, err := c.raw.BatchLookup(ctx, &umbppb.BatchLookupRequest{}, grpc.WaitForReady(waitForReady))
+	if err != nil {
+		return rpcError(ctx, "BatchLookup", err)
+	}
+	return nil
+}
+
+// MatchExternalKv asks which nodes hold hashes in the external KV index,
+// without counting hits, and checks the answer (CheckMatch).
+func (c *Conn) MatchExternalKv(ctx context.Context, hashes []string) ([]NodeMatch, error) {
+	const op = "MatchExternalKv"
+	if err := checkStrings(op, "hash", hashes); err != nil {
+		return nil, err
+	}
+	resp, err := c.raw.MatchExternalKv(ctx, &umbppb.MatchExternalKvRequest{Hashes: hashes})
+	if err != nil {
+		return nil, rpcError(ctx, op, err)
+	}
+	m, err := CheckMatch(hashes, resp.GetMatches(), c.maxNodes)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	return m, nil
+}
