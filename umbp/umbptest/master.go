@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/umbp-go/umbp-go/internal/masterdouble"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
@@ -78,10 +76,7 @@ type Master struct {
 	svc    *masterdouble.Service
 	srv    *grpc.Server
 	gen    *generation
-	stalls map[string]chan struct{}
-	fail   map[string]int
-	calls  map[string]int
-	called chan struct{} // closed and replaced at every call
+	faults *faults
 	closed bool
 	reaper chan struct{} // closed to stop the reaper
 	wg     sync.WaitGroup
@@ -110,10 +105,7 @@ func StartMaster(opts MasterOptions) (*Master, error) {
 	}
 	m := &Master{
 		opts:   opts,
-		stalls: make(map[string]chan struct{}),
-		fail:   make(map[string]int),
-		calls:  make(map[string]int),
-		called: make(chan struct{}),
+		faults: newFaults("master"),
 		reaper: make(chan struct{}),
 	}
 	if err := m.start(opts.Addr); err != nil {
@@ -158,7 +150,7 @@ func (m *Master) start(addr string) error {
 	srv := grpc.NewServer(
 		grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20),
 		grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-			if err := m.enter(ctx, gen, path.Base(info.FullMethod)); err != nil {
+			if err := m.faults.enter(ctx, gen.done, path.Base(info.FullMethod)); err != nil {
 				return nil, err
 			}
 			return handler(ctx, req)
@@ -179,40 +171,6 @@ func (m *Master) start(addr string) error {
 	return nil
 }
 
-// enter runs before every handler: it counts the call, waits while the
-// method is stalled, and injects a failure when one is due.
-func (m *Master) enter(ctx context.Context, gen *generation, method string) error {
-	m.mu.Lock()
-	m.calls[method]++
-	close(m.called)
-	m.called = make(chan struct{})
-	stalled := []chan struct{}{m.stalls[method], m.stalls[""]}
-	m.mu.Unlock()
-	for _, ch := range stalled {
-		if ch == nil {
-			continue
-		}
-		select {
-		case <-ch:
-		case <-gen.done:
-			return status.Error(codes.Unavailable, "umbptest: master stopped while the call was stalled")
-		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
-		}
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if n := m.fail[method]; n > 0 {
-		if n == 1 {
-			delete(m.fail, method)
-		} else {
-			m.fail[method] = n - 1
-		}
-		return status.Errorf(codes.Unavailable, "umbptest: injected failure of %s", method)
-	}
-	return nil
-}
-
 // Addr is the master's host:port (a gRPC target as it is). It stays the
 // same across Kill and Restart.
 func (m *Master) Addr() string { return m.addr }
@@ -223,77 +181,31 @@ func (m *Master) Addr() string { return m.addr }
 // (SIGSTOP) does: connections stay up and calls hang until their deadline.
 // Calls already running are not affected.
 func (m *Master) Stall(methods ...string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
-		return
-	}
-	if len(methods) == 0 {
-		methods = []string{""}
-	}
-	for _, name := range methods {
-		if m.stalls[name] == nil {
-			m.stalls[name] = make(chan struct{})
-		}
-	}
+	m.faults.stall(methods)
 }
 
 // Resume releases the stalled handlers of the named methods (those stalled
 // by name), or with no names every stalled handler.
 func (m *Master) Resume(methods ...string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if len(methods) == 0 {
-		for name, ch := range m.stalls {
-			close(ch)
-			delete(m.stalls, name)
-		}
-		return
-	}
-	for _, name := range methods {
-		if ch := m.stalls[name]; ch != nil {
-			close(ch)
-			delete(m.stalls, name)
-		}
-	}
+	m.faults.resume(methods)
 }
 
 // FailNext makes the next n calls of method fail with codes.Unavailable
 // before they reach the master; n <= 0 clears pending failures.
 func (m *Master) FailNext(method string, n int) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if n <= 0 {
-		delete(m.fail, method)
-		return
-	}
-	m.fail[method] += n
+	m.faults.failNext(method, n)
 }
 
 // Calls is how many calls of method (short name) reached the master,
 // stalled and failed ones included, across restarts.
 func (m *Master) Calls(method string) int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.calls[method]
+	return m.faults.count(method)
 }
 
 // WaitCalls waits until n calls of method have reached the master (a
 // stalled one counts once it is held), or ctx ends.
 func (m *Master) WaitCalls(ctx context.Context, method string, n int) error {
-	for {
-		m.mu.Lock()
-		got, ch := m.calls[method], m.called
-		m.mu.Unlock()
-		if got >= n {
-			return nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return fmt.Errorf("umbptest: %d calls of %s, waiting for %d: %w", got, method, n, ctx.Err())
-		}
-	}
+	return m.faults.waitCalls(ctx, method, n)
 }
 
 // Reap runs one reaper pass now (see masterdouble.Service.Reap) and
@@ -385,6 +297,7 @@ func (m *Master) Close() error {
 	}
 	m.closed = true
 	m.mu.Unlock()
+	m.faults.close()
 	m.stop()
 	close(m.reaper)
 	m.wg.Wait()

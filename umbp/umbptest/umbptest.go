@@ -20,8 +20,6 @@ import (
 	"testing"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/umbp-go/umbp-go/internal/fdpass"
 	"github.com/umbp-go/umbp-go/internal/server"
@@ -59,9 +57,7 @@ type Server struct {
 	mu     sync.Mutex
 	srv    *server.Server
 	gen    *generation
-	stalls map[string]chan struct{} // by method; "" stalls every method
-	fail   map[string]int
-	calls  map[string]int
+	faults *faults
 	closed bool
 }
 
@@ -98,9 +94,7 @@ func Start(opts Options) (*Server, error) {
 		opts:     opts,
 		dir:      dir,
 		endpoint: "unix://" + filepath.Join(dir, "umbp.grpc.sock"),
-		stalls:   make(map[string]chan struct{}),
-		fail:     make(map[string]int),
-		calls:    make(map[string]int),
+		faults:   newFaults("server"),
 	}
 	if err := s.start(); err != nil {
 		_ = os.RemoveAll(dir)
@@ -143,12 +137,12 @@ func (s *Server) start() error {
 		DisableRangedIO: s.opts.DisableRangedIO,
 		Logger:          logger,
 		UnaryInterceptor: func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-			if err := s.enter(ctx, gen, path.Base(info.FullMethod)); err != nil {
+			if err := s.faults.enter(ctx, gen.done, path.Base(info.FullMethod)); err != nil {
 				return nil, err
 			}
 			return handler(ctx, req)
 		},
-		FDGate: func(ctx context.Context) error { return s.enter(ctx, gen, FDHandoff) },
+		FDGate: func(ctx context.Context) error { return s.faults.enter(ctx, gen.done, FDHandoff) },
 	})
 	if err != nil {
 		return err
@@ -162,43 +156,6 @@ func (s *Server) start() error {
 	}
 	s.srv, s.gen = srv, gen
 	s.mu.Unlock()
-	return nil
-}
-
-// enter runs before every handler: it counts the call, waits while the
-// server is stalled, and injects a failure when one is due.
-func (s *Server) enter(ctx context.Context, gen *generation, method string) error {
-	s.mu.Lock()
-	s.calls[method]++
-	stalled := []chan struct{}{s.stalls[method], s.stalls[""]}
-	s.mu.Unlock()
-	for _, ch := range stalled {
-		if ch == nil {
-			continue
-		}
-		select {
-		case <-ch:
-		case <-gen.done:
-			return status.Error(codes.Unavailable, "umbptest: server closed while the call was stalled")
-		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
-		}
-	}
-	select {
-	case <-gen.done:
-		return status.Error(codes.Unavailable, "umbptest: server closed")
-	default:
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if n := s.fail[method]; n > 0 {
-		if n == 1 {
-			delete(s.fail, method)
-		} else {
-			s.fail[method] = n - 1
-		}
-		return status.Errorf(codes.Unavailable, "umbptest: injected failure of %s", method)
-	}
 	return nil
 }
 
@@ -220,61 +177,33 @@ func (s *Server) FDSocketPath() string {
 // client's first call of it being held. A stalled call whose client gives
 // up ends with its context. Calls already running are not affected.
 func (s *Server) Stall(methods ...string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return
-	}
-	if len(methods) == 0 {
-		methods = []string{""}
-	}
-	for _, m := range methods {
-		if s.stalls[m] == nil {
-			s.stalls[m] = make(chan struct{})
-		}
-	}
+	s.faults.stall(methods)
 }
 
 // Resume releases the stalled handlers of the named methods (those stalled
 // by name; a Stall of every method stays), or with no names every stalled
 // handler; they then run normally.
 func (s *Server) Resume(methods ...string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(methods) == 0 {
-		for m, ch := range s.stalls {
-			close(ch)
-			delete(s.stalls, m)
-		}
-		return
-	}
-	for _, m := range methods {
-		if ch := s.stalls[m]; ch != nil {
-			close(ch)
-			delete(s.stalls, m)
-		}
-	}
+	s.faults.resume(methods)
 }
 
 // FailNext makes the next n calls of method fail: gRPC methods (short names,
 // e.g. "BatchPut") with codes.Unavailable, FDHandoff with status -1. It adds
 // to failures already pending for method; n <= 0 clears them.
 func (s *Server) FailNext(method string, n int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if n <= 0 {
-		delete(s.fail, method)
-		return
-	}
-	s.fail[method] += n
+	s.faults.failNext(method, n)
 }
 
 // Calls is how many calls of method (short name, or FDHandoff) reached the
 // server, stalled and failed ones included, across restarts.
 func (s *Server) Calls(method string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.calls[method]
+	return s.faults.count(method)
+}
+
+// WaitCalls waits until n calls of method (short name, or FDHandoff) have
+// reached the server (a stalled one counts once it is held), or ctx ends.
+func (s *Server) WaitCalls(ctx context.Context, method string, n int) error {
+	return s.faults.waitCalls(ctx, method, n)
 }
 
 // Restart stops the server and starts a new one at the same path with empty
@@ -313,6 +242,7 @@ func (s *Server) Close() error {
 		return nil
 	}
 	s.closed = true
+	s.faults.close()
 	srv, gen := s.srv, s.gen
 	s.srv, s.gen = nil, nil
 	s.mu.Unlock()

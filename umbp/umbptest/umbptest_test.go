@@ -307,3 +307,28 @@ func TestRestart(t *testing.T) {
 		t.Fatalf("Calls(Exists) = %d, want 2", s.Calls("Exists"))
 	}
 }
+
+// WaitCalls returns once the calls have arrived, a stalled one included,
+// and with ctx's error when they do not.
+func TestWaitCalls(t *testing.T) {
+	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 1 << 20})
+	srv.Stall("Ping")
+	c := client(t, srv)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = c.Ping(context.Background(), &umbppb.Empty{})
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := srv.WaitCalls(ctx, "Ping", 1); err != nil {
+		t.Fatal(err)
+	}
+	short, cancelShort := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancelShort()
+	if err := srv.WaitCalls(short, "Ping", 2); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitCalls for a call that never comes = %v", err)
+	}
+	srv.Resume("Ping")
+	<-done
+}
