@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"path/filepath"
 	"slices"
@@ -28,6 +30,12 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// A Conn dialled without a logger logs to slog's default: quiet
+	// unless -v.
+	flag.Parse()
+	if !testing.Verbose() {
+		slog.SetDefault(quietLog)
+	}
 	goleak.VerifyTestMain(m)
 }
 
