@@ -245,6 +245,12 @@ func (c *Conn) dialGRPC(ctx context.Context, _ string) (net.Conn, error) {
 		case errors.Is(err, syscall.EACCES):
 			c.handshake.Store(noAccess)
 		}
+		// What failed, without the socket's path: the caller names the
+		// endpoint once, and gRPC puts this text in its own errors.
+		var op *net.OpError
+		if errors.As(err, &op) && op.Err != nil {
+			err = op.Err
+		}
 		return nil, err
 	}
 	if err := c.trust.checkConn(c.grpcPath, nc.(*net.UnixConn)); err != nil {
