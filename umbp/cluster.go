@@ -71,21 +71,8 @@ func (c ClusterConfig) withDefaults() (ClusterConfig, error) {
 	if err := masterconn.CheckAddress(c.Master, c.TransportCredentials == nil, c.AllowPlaintext); err != nil {
 		return c, fmt.Errorf("%w: ClusterConfig.Master %q: %w", ErrInvalidConfig, c.Master, err)
 	}
-	for _, d := range []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{
-		{"Timeout", &c.Timeout, DefaultTimeout},
-		{"LookupTimeout", &c.LookupTimeout, DefaultLookupTimeout},
-		{"StartupTimeout", &c.StartupTimeout, DefaultStartupTimeout},
-	} {
-		if *d.v < 0 {
-			return c, fmt.Errorf("%w: ClusterConfig.%s is %v, must not be negative", ErrInvalidConfig, d.name, *d.v)
-		}
-		if *d.v == 0 {
-			*d.v = d.def
-		}
+	if err := settleTimeouts("ClusterConfig", &c.Timeout, &c.LookupTimeout, &c.StartupTimeout); err != nil {
+		return c, err
 	}
 	if c.LoadFailureQuarantine == 0 {
 		c.LoadFailureQuarantine = DefaultLoadFailureQuarantine

@@ -93,21 +93,8 @@ func (c Config) settle() (settings, error) {
 	if c.NumWorkers == 0 {
 		c.NumWorkers = DefaultNumWorkers
 	}
-	for _, d := range []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{
-		{"Timeout", &c.Timeout, DefaultTimeout},
-		{"LookupTimeout", &c.LookupTimeout, DefaultLookupTimeout},
-		{"StartupTimeout", &c.StartupTimeout, DefaultStartupTimeout},
-	} {
-		if *d.v < 0 {
-			return settings{}, fmt.Errorf("%w: Config.%s is %v, must not be negative", ErrInvalidConfig, d.name, *d.v)
-		}
-		if *d.v == 0 {
-			*d.v = d.def
-		}
+	if err := settleTimeouts("Config", &c.Timeout, &c.LookupTimeout, &c.StartupTimeout); err != nil {
+		return settings{}, err
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -140,6 +127,28 @@ func (c Config) settle() (settings, error) {
 		Trust:          trust,
 		StatsHandler:   c.StatsHandler,
 	}}, nil
+}
+
+// settleTimeouts refuses a negative timeout and fills in a zero one's
+// default; what names the config type in the error.
+func settleTimeouts(what string, timeout, lookup, startup *time.Duration) error {
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"Timeout", timeout, DefaultTimeout},
+		{"LookupTimeout", lookup, DefaultLookupTimeout},
+		{"StartupTimeout", startup, DefaultStartupTimeout},
+	} {
+		if *d.v < 0 {
+			return fmt.Errorf("%w: %s.%s is %v, must not be negative", ErrInvalidConfig, what, d.name, *d.v)
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	return nil
 }
 
 // NormalizeEndpoint returns the gRPC address "unix:///abs/path" of a
