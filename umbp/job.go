@@ -414,6 +414,10 @@ func (j *TransferJob) endLocked() func() {
 		drop, j.drop = j.drop, nil
 	}
 	status, bytes := j.statusLocked(), j.bytesLocked()
+	if was == phaseBlocked {
+		// Before Done: a job that has ended holds no transfer up.
+		j.set.blockedDelta(-1)
+	}
 	close(j.done)
 	return func() {
 		if drop != nil {

@@ -198,3 +198,33 @@ func TestReplacedFailsQueuedAndDetachesRunning(t *testing.T) {
 	}
 	running.failRest(nil)
 }
+
+// A job that ends from blocked has left the blocked count by the time its
+// Done closes, before the rest of its bookkeeping: a transfer submitted as
+// soon as Done fires is not refused for it.
+func TestEndedJobHoldsNothingUp(t *testing.T) {
+	set := newTestSet()
+	j := queuedJob(kindStore, []BlockTransferPlan{{Key: "k"}}, set)
+	if _, ok := j.begin(-time.Second, false); !ok {
+		t.Fatal("begin failed")
+	}
+	j.expire()
+	if set.blocked.Load() != 1 {
+		t.Fatalf("blocked %d past the deadline, want 1", set.blocked.Load())
+	}
+	j.mu.Lock()
+	fin := j.endLocked() // what runs after the lock has not run yet
+	j.mu.Unlock()
+	select {
+	case <-j.Done():
+	default:
+		t.Fatal("the job ended without closing Done")
+	}
+	if n := set.blocked.Load(); n != 0 {
+		t.Fatalf("blocked %d once Done closed, want 0", n)
+	}
+	fin()
+	if n := set.blocked.Load(); n != 0 {
+		t.Fatalf("blocked %d after the job's bookkeeping, want 0", n)
+	}
+}

@@ -35,11 +35,9 @@ func (s *jobSet) add(j *TransferJob) {
 func (s *jobSet) blockedDelta(d int) { s.blocked.Add(int64(d)) }
 
 // ended forgets a job that ended from phase was, with status and the object
-// bytes of its keys that succeeded, and counts it.
+// bytes of its keys that succeeded, and counts it. (A job leaving phaseBlocked
+// has left the blocked count already, before its Done.)
 func (s *jobSet) ended(j *TransferJob, was phase, status JobStatus, bytes uint64) {
-	if was == phaseBlocked {
-		s.blocked.Add(-1)
-	}
 	if was == phaseNew { // refused before submission
 		if status != JobCompleted { // a job of no plans completes unsubmitted
 			s.stats.refused.Add(1)
