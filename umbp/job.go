@@ -480,13 +480,10 @@ func (j *TransferJob) streamReady() error {
 // expire runs at the deadline: a job still in flight is blocked.
 func (j *TransferJob) expire() {
 	j.mu.Lock()
-	blocked := j.phase == phaseInFlight && !time.Now().Before(j.deadline)
-	if blocked {
+	defer j.mu.Unlock()
+	if j.phase == phaseInFlight && !time.Now().Before(j.deadline) {
 		j.phase = phaseBlocked
-	}
-	j.mu.Unlock()
-	if blocked {
-		j.set.blockedDelta(1)
+		j.set.blockedDelta(1) // with the phase: the count never lags it
 	}
 }
 
@@ -494,16 +491,15 @@ func (j *TransferJob) expire() {
 // uses: its buffers stay in use until it ends, but it holds nothing up.
 func (j *TransferJob) detach() {
 	j.mu.Lock()
-	was := j.phase
-	switch was {
+	defer j.mu.Unlock()
+	switch j.phase {
 	case phaseStream:
 		j.phase = phaseOrphaned // it fails unsent once its stream gets there
-	case phaseInFlight, phaseBlocked:
-		j.phase = phaseDetached
-	}
-	j.mu.Unlock()
-	if was == phaseBlocked {
+	case phaseBlocked:
 		j.set.blockedDelta(-1)
+		fallthrough
+	case phaseInFlight:
+		j.phase = phaseDetached
 	}
 }
 

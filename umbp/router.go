@@ -136,7 +136,9 @@ func (h *SchedulerHandle) Score(ctx context.Context, req ScoreRequest) (Scores, 
 		}
 		return ss[:h.quarantine.first(ss)]
 	}
-	hashes, keys = cut(hashes), cut(keys)
+	// Copies: the call may outlive this one (LookupTimeout), and the caller
+	// may reuse its slices once Score returns.
+	hashes, keys = slices.Clone(cut(hashes)), slices.Clone(cut(keys))
 	out := Scores{Nodes: make([]NodeScore, len(req.Candidates)), Best: -1}
 	for i, c := range req.Candidates {
 		out.Nodes[i].Node = c

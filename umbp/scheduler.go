@@ -198,6 +198,9 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 	// that is not UTF-8 only once the request could not be encoded, since
 	// the encoder checks every key anyway (a second pass over 1024 keys
 	// would cost as much as the rest of the handle's work).
+	// The call may outlive this one (LookupTimeout): it works on a copy of
+	// the caller's slice, which the caller may reuse once Lookup returns.
+	keys = slices.Clone(keys)
 	ask, at := keys, []int(nil)
 	if slices.Contains(keys, "") {
 		ask, at = validKeys(keys)
@@ -209,7 +212,7 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 	out, err := call(ctx, h, "BatchExists", func(ctx context.Context, c lookupSource) ([]bool, error) {
 		ask, at := ask, at // this goroutine's own: the caller may have given up on it
 		hits, err := c.exists(ctx, ask)
-		if err != nil && !allUTF8(ask) {
+		if err != nil && !errors.Is(err, ErrUnavailable) && !allUTF8(ask) {
 			// The request was never sent: the encoder refused it.
 			if ask, at = validKeys(keys); len(ask) == 0 {
 				return make([]bool, len(keys)), nil
@@ -291,10 +294,11 @@ func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
 	if len(keys) == 0 {
 		return 0
 	}
+	keys = slices.Clone(keys) // as in Lookup: the call may outlive this one
 	h.stats.lookups.Add(1)
 	n, err := call(ctx, h, "BatchExistsConsecutive", func(ctx context.Context, c lookupSource) (int, error) {
 		n, err := c.prefix(ctx, keys)
-		if err != nil {
+		if err != nil && !errors.Is(err, ErrUnavailable) {
 			if i := slices.IndexFunc(keys, func(k string) bool { return !utf8.ValidString(k) }); i >= 0 {
 				// The request holding it was never sent; the count
 				// stops there anyway.

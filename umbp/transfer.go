@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
@@ -212,9 +213,10 @@ func (w *WorkerHandle) run(job *TransferJob, tr transport, items []item, barrier
 		w.logFailure(job.kind.String(), err)
 		w.link.failed(err)
 	}
+	doubt := slices.ContainsFunc(errs, inDoubt)
 	var lost error // a store retry's transport failure
-	if !errors.Is(err, conn.ErrUnavailable) && job.kind == kindStore {
-		lost = w.retryStores(ctx, tr, items, results, errs, deadline)
+	if !doubt && job.kind == kindStore {
+		lost = w.retryStores(ctx, tr, items, results, &errs, deadline)
 		if lost != nil {
 			w.logFailure(job.kind.String(), lost)
 			w.link.failed(lost)
@@ -232,7 +234,7 @@ func (w *WorkerHandle) run(job *TransferJob, tr transport, items []item, barrier
 			return items[k].idx, keyError(job.kind, &items[k].obj, results[k], reqErr, lost)
 		})
 	}
-	if lost == nil && !errors.Is(err, conn.ErrUnavailable) {
+	if lost == nil && !doubt {
 		settle()
 		return true
 	}
@@ -253,6 +255,14 @@ func (w *WorkerHandle) run(job *TransferJob, tr transport, items []item, barrier
 		settle()
 	}()
 	return false
+}
+
+// inDoubt reports whether a key's request may have reached the server and
+// used its memory although no answer says what became of it: its
+// transport failed under it, or was cut off. A key failed as not attempted
+// (no staging buffer, say) sent nothing, whatever the reason says.
+func inDoubt(err error) bool {
+	return errors.Is(err, conn.ErrUnavailable) && !errors.Is(err, ErrNotAttempted)
 }
 
 // errInternal fails what a transfer left without an outcome (a panic).
@@ -286,10 +296,11 @@ func keyError(kind jobKind, obj *conn.Object, ok bool, reqErr, lost error) error
 }
 
 // retryStores retries each refused key on its own, after a Flush and a
-// pause (storeRetryBackoff), while the deadline allows. It stops at the
-// first retry whose transport failed and returns that error: the server may
-// still be reading the key's memory.
-func (w *WorkerHandle) retryStores(ctx context.Context, tr transport, items []item, results []bool, errs []error, deadline time.Time) error {
+// pause (storeRetryBackoff), while the deadline allows; each retried key's
+// result and error (*errs, made on first use) become its retry's. It stops
+// at the first retry whose request is in doubt and returns that error: the
+// server may still be reading the key's memory.
+func (w *WorkerHandle) retryStores(ctx context.Context, tr transport, items []item, results []bool, errs *[]error, deadline time.Time) error {
 	for _, pause := range storeRetryBackoff {
 		if time.Until(deadline) < pause { // no retry may make the job late
 			return nil
@@ -309,14 +320,16 @@ func (w *WorkerHandle) retryStores(ctx context.Context, tr transport, items []it
 		time.Sleep(pause)
 		for _, k := range failed {
 			got, gotErrs := tr.move(ctx, kindStore, items[k:k+1])
-			if gotErrs != nil && errors.Is(gotErrs[0], conn.ErrUnavailable) {
-				return gotErrs[0]
+			var e error
+			if gotErrs != nil {
+				e = gotErrs[0]
 			}
-			if gotErrs == nil && got[0] {
-				results[k] = true
-				if errs != nil {
-					errs[k] = nil
-				}
+			if e != nil || *errs != nil {
+				setErr(errs, len(items), k, e) // the key's last request's
+			}
+			results[k] = e == nil && got[0]
+			if inDoubt(e) {
+				return e
 			}
 		}
 	}

@@ -67,7 +67,9 @@ func (t rangedTransport) move(ctx context.Context, kind jobKind, items []item) (
 		plainBatch(ctx, t.c, kind, items, plain, results, &itemErrs)
 		return results, itemErrs
 	}
-	// The plain request, if any, runs beside the ranged parts.
+	// The plain request, if any, runs beside the ranged parts; it is
+	// waited for whatever happens to them (a panic included), so that
+	// nothing of the job's is in flight once move returns.
 	done := make(chan struct{})
 	var plainErrs []error
 	if len(plain) > 0 {
@@ -78,6 +80,7 @@ func (t rangedTransport) move(ctx context.Context, kind jobKind, items []item) (
 	} else {
 		close(done)
 	}
+	defer func() { <-done }()
 	objs := make([]conn.Object, len(other))
 	for i, k := range other {
 		objs[i] = items[k].obj
