@@ -13,6 +13,7 @@ import (
 	"github.com/umbp-go/umbp-go/internal/conn"
 	"github.com/umbp-go/umbp-go/internal/daemonpool"
 	"github.com/umbp-go/umbp-go/internal/masterconn"
+	"github.com/umbp-go/umbp-go/internal/slicepool"
 )
 
 var (
@@ -198,24 +199,27 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 	// that is not UTF-8 only once the request could not be encoded, since
 	// the encoder checks every key anyway (a second pass over 1024 keys
 	// would cost as much as the rest of the handle's work).
-	// The call may outlive this one (LookupTimeout): it works on a copy of
-	// the caller's slice, which the caller may reuse once Lookup returns.
-	keys = slices.Clone(keys)
-	ask, at := keys, []int(nil)
-	if slices.Contains(keys, "") {
-		ask, at = validKeys(keys)
+	// The call may outlive this one (LookupTimeout): it works on its own
+	// copy of the caller's keys, which the caller may reuse once Lookup
+	// returns, in a pooled slice it gives back when it is done.
+	own := lookupKeys.Get(len(keys))
+	copy(own, keys)
+	ask, at := own, []int(nil)
+	if slices.Contains(own, "") {
+		ask, at = validKeys(own)
 	}
 	if len(ask) == 0 {
 		return h.misses(len(keys))
 	}
 	h.stats.lookups.Add(1)
 	out, err := call(ctx, h, "BatchExists", func(ctx context.Context, c lookupSource) ([]bool, error) {
-		ask, at := ask, at // this goroutine's own: the caller may have given up on it
+		defer lookupKeys.Put(own)
+		ask, at := ask, at
 		hits, err := c.exists(ctx, ask)
 		if err != nil && !errors.Is(err, ErrUnavailable) && !allUTF8(ask) {
 			// The request was never sent: the encoder refused it.
-			if ask, at = validKeys(keys); len(ask) == 0 {
-				return make([]bool, len(keys)), nil
+			if ask, at = validKeys(own); len(ask) == 0 {
+				return make([]bool, len(own)), nil
 			}
 			hits, err = c.exists(ctx, ask)
 		}
@@ -228,7 +232,7 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 		if at == nil {
 			return hits, nil
 		}
-		out := make([]bool, len(keys))
+		out := make([]bool, len(own))
 		for j, i := range at {
 			out[i] = hits[j]
 		}
@@ -249,6 +253,10 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 	h.stats.misses.Add(uint64(len(out)) - n)
 	return out
 }
+
+// lookupKeys holds the copies of the caller's keys that lookups' calls work
+// on (policy.go: maxPooledKeys).
+var lookupKeys = slicepool.New[string](maxPooledKeys)
 
 // misses answers n keys as absent, and counts them.
 func (h *SchedulerHandle) misses(n int) []bool {
@@ -294,18 +302,20 @@ func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
 	if len(keys) == 0 {
 		return 0
 	}
-	keys = slices.Clone(keys) // as in Lookup: the call may outlive this one
+	own := lookupKeys.Get(len(keys)) // as in Lookup: the call may outlive this one
+	copy(own, keys)
 	h.stats.lookups.Add(1)
 	n, err := call(ctx, h, "BatchExistsConsecutive", func(ctx context.Context, c lookupSource) (int, error) {
-		n, err := c.prefix(ctx, keys)
+		defer lookupKeys.Put(own)
+		n, err := c.prefix(ctx, own)
 		if err != nil && !errors.Is(err, ErrUnavailable) {
-			if i := slices.IndexFunc(keys, func(k string) bool { return !utf8.ValidString(k) }); i >= 0 {
+			if i := slices.IndexFunc(own, func(k string) bool { return !utf8.ValidString(k) }); i >= 0 {
 				// The request holding it was never sent; the count
 				// stops there anyway.
 				if i == 0 {
 					return 0, nil
 				}
-				n, err = c.prefix(ctx, keys[:i])
+				n, err = c.prefix(ctx, own[:i])
 			}
 		}
 		return n, err
