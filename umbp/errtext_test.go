@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -96,7 +97,10 @@ func TestErrorsSayItOnce(t *testing.T) {
 
 	t.Run("killed", func(t *testing.T) {
 		srv := newServer(t, umbptest.Options{})
-		rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+		cfg := testConfig(t, srv.Endpoint())
+		warnings := &warnSink{lines: make(chan string, 64)}
+		cfg.Logger = slog.New(warnings)
+		rt := newRuntime(t, cfg)
 		e := newEngine(t, rt, 2, 4, 4096)
 		sched, err := rt.NewSchedulerHandle(ctx, "ns", umbp.RankTopology{}, nil)
 		if err != nil {
@@ -116,8 +120,48 @@ func TestErrorsSayItOnce(t *testing.T) {
 		} else {
 			check(t, "clear", err.Error(), srv.Endpoint())
 		}
+		// The handles' warnings while they try to reattach, up to the
+		// first failed attempt.
+		timeout := time.After(time.Minute)
+		for {
+			select {
+			case line := <-warnings.lines:
+				check(t, "reconnect log", line, srv.Endpoint())
+				if !strings.Contains(line, "reconnect attempt failed") {
+					continue
+				}
+			case <-timeout:
+				t.Fatal("no failed reconnect attempt was logged within a minute")
+			}
+			break
+		}
 	})
 }
+
+// warnSink is a slog handler that sends each WARN or ERROR record, as text,
+// to lines (dropping it when lines is full).
+type warnSink struct {
+	lines chan string
+	attrs []slog.Attr
+}
+
+func (w *warnSink) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (w *warnSink) Handle(_ context.Context, r slog.Record) error {
+	var b bytes.Buffer
+	h := slog.NewTextHandler(&b, nil).WithAttrs(w.attrs)
+	if err := h.Handle(context.Background(), r); err != nil {
+		return err
+	}
+	select {
+	case w.lines <- strings.TrimSpace(b.String()):
+	default:
+	}
+	return nil
+}
+func (w *warnSink) WithAttrs(as []slog.Attr) slog.Handler {
+	return &warnSink{lines: w.lines, attrs: append(slices.Clone(w.attrs), as...)}
+}
+func (w *warnSink) WithGroup(string) slog.Handler { return w }
 
 // TestAttachSaysWhy: a server that never answers an attach is described
 // as what it is, with what to do: no socket, a socket nobody listens on, a

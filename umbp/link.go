@@ -77,7 +77,7 @@ func newLink(ctx context.Context, rt *StandaloneRuntime, attach func(context.Con
 	c, err := rt.dial(ctx)
 	if err != nil {
 		l.stop()
-		return nil, err
+		return nil, rt.attachError(err)
 	}
 	ident, _ := statIdent(path)
 	if attach != nil {

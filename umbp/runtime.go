@@ -48,16 +48,24 @@ func (r *StandaloneRuntime) dial(ctx context.Context) (*conn.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.StartupTimeout+dialGrace)
 	defer cancel()
 	c, err := conn.Dial(ctx, r.cfg.dial)
-	if errors.Is(err, ErrUntrustedServer) {
-		return nil, fmt.Errorf("umbp: refusing the UMBP standalone server at %s: %w", r.cfg.Endpoint, err)
-	}
 	if err == nil {
 		err = r.checkMode(c) // externalkv.go
 	}
 	if err != nil {
-		return nil, fmt.Errorf("umbp: cannot attach to the UMBP standalone server at %s: %w", r.cfg.Endpoint, err)
+		return nil, err
 	}
 	return c, nil
+}
+
+// attachError is a failed first attach as a handle's constructor returns
+// it: once with the package's prefix and the endpoint (dial's errors carry
+// neither, so that the reconnect warnings, which name the endpoint beside
+// them, do not say it twice).
+func (r *StandaloneRuntime) attachError(err error) error {
+	if errors.Is(err, ErrUntrustedServer) {
+		return fmt.Errorf("umbp: refusing the UMBP standalone server at %s: %w", r.cfg.Endpoint, err)
+	}
+	return fmt.Errorf("umbp: cannot attach to the UMBP standalone server at %s: %w", r.cfg.Endpoint, err)
 }
 
 // checkHandleArgs validates what every handle constructor takes.

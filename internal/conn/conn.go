@@ -296,6 +296,7 @@ func (c *Conn) refused(err error) {
 // waitReady pings until the server answers ready=true, for at most startup
 // and while ctx lasts.
 func (c *Conn) waitReady(ctx context.Context, startup time.Duration) (Capabilities, error) {
+	start := time.Now()
 	sctx, cancel := context.WithTimeout(ctx, startup)
 	defer cancel()
 	pause := pingPauseMin
@@ -341,7 +342,8 @@ func (c *Conn) waitReady(ctx context.Context, startup time.Duration) (Capabiliti
 		}
 		pause = min(2*pause, pingPauseMax)
 	}
-	what := c.diagnose(last, startup)
+	// How long it waited: startup, or less when ctx ended first.
+	what := c.diagnose(last, min(time.Since(start), startup).Round(time.Millisecond))
 	if cerr := ctx.Err(); cerr != nil {
 		return Capabilities{}, fmt.Errorf("%w: %s: %w", ErrUnavailable, what, cerr)
 	}

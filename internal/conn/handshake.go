@@ -45,27 +45,27 @@ func (f *firstRead) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// diagnose says why a server never answered Dial's pings within startup,
+// diagnose says why a server never answered Dial's pings within waited,
 // from how far the dials got and the last attempt's error, in words an
 // operator acts on.
-func (c *Conn) diagnose(last error, startup time.Duration) string {
+func (c *Conn) diagnose(last error, waited time.Duration) string {
 	what := "no answer"
 	if last != nil {
 		what = "last attempt: " + last.Error()
 	}
 	switch c.handshake.Load() {
 	case noSocket:
-		return fmt.Sprintf("no socket file there; start umbp_standalone_server on this host first (waited %v)", startup)
+		return fmt.Sprintf("no socket file there; start umbp_standalone_server on this host first (waited %v)", waited)
 	case noListener:
 		return "its socket file is there but no server listens on it (a server that exited without removing it?); start umbp_standalone_server again"
 	case noAccess:
 		return "its socket file may not be connected to by this user: " + what
 	case silent:
-		return fmt.Sprintf("a process accepted the connection but never answered within %v (a stopped or overloaded server?)", startup)
+		return fmt.Sprintf("a process accepted the connection but never answered within %v (a stopped or overloaded server?)", waited)
 	case hungUp:
 		return "the socket hung up without speaking gRPC (the server's fd-handoff socket, or another program's?)"
 	case answered:
-		return fmt.Sprintf("the server was not ready within %v (stalled, or still starting?); %s", startup, what)
+		return fmt.Sprintf("the server was not ready within %v (stalled, or still starting?); %s", waited, what)
 	}
-	return fmt.Sprintf("not ready within %v; %s", startup, what)
+	return fmt.Sprintf("not ready within %v; %s", waited, what)
 }
