@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/stats"
 
+	"github.com/umbp-go/umbp-go/internal/encoded"
 	"github.com/umbp-go/umbp-go/internal/masterconn"
 )
 
@@ -307,13 +308,17 @@ func (b *masterBackend) waitsOutCalls() bool { return false }
 // The calls carry a deadline of Timeout: over TCP the timer costs little
 // beside the round trip, and a stalled master's call ends by itself.
 
-func (b *masterBackend) exists(ctx context.Context, keys []string) ([]bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, b.rpcTimeout)
-	defer cancel()
-	return b.c.BatchLookup(ctx, keys)
+func (b *masterBackend) encode(keys []string) (encoded.Keys, error) {
+	return masterconn.EncodeKeys(keys)
 }
 
-func (b *masterBackend) prefix(ctx context.Context, keys []string) (int, error) {
+func (b *masterBackend) exists(ctx context.Context, keys encoded.Keys) ([]bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.rpcTimeout)
+	defer cancel()
+	return b.c.BatchLookupEncoded(ctx, keys)
+}
+
+func (b *masterBackend) prefix(ctx context.Context, keys encoded.Keys) (int, error) {
 	found, err := b.exists(ctx, keys)
 	if err != nil {
 		return 0, err

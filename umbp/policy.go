@@ -21,10 +21,6 @@ const (
 	stagingChunk = 64 << 20
 )
 
-// A lookup's call works on a copy of the caller's keys from a pool that
-// keeps copies of up to maxPooledKeys keys (1 MiB of string headers).
-const maxPooledKeys = 1 << 16
-
 // A job's ranges come from slabs reused once its transfer no longer reads
 // them; slabs of up to maxSlabRanges ranges (2 MiB) are kept.
 const maxSlabRanges = 1 << 16

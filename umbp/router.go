@@ -6,6 +6,7 @@ import (
 	"slices"
 	"unicode/utf8"
 
+	"github.com/umbp-go/umbp-go/internal/encoded"
 	"github.com/umbp-go/umbp-go/internal/masterconn"
 	"github.com/umbp-go/umbp-go/umbp/vllmhash"
 )
@@ -136,14 +137,21 @@ func (h *SchedulerHandle) Score(ctx context.Context, req ScoreRequest) (Scores, 
 		}
 		return ss[:h.quarantine.first(ss)]
 	}
-	// Copies: the call may outlive this one (LookupTimeout), and the caller
-	// may reuse its slices once Score returns.
-	hashes, keys = slices.Clone(cut(hashes)), slices.Clone(cut(keys))
+	// The call may outlive this one (LookupTimeout), and the caller may
+	// reuse its slices once Score returns: it gets a copy of the hashes
+	// (their answer is checked against them) and the keys encoded.
+	hashes, keys = slices.Clone(cut(hashes)), cut(keys)
+	nkeys := len(keys)
+	var q encoded.Keys
+	var qErr error
+	if nkeys > 0 {
+		q, qErr = h.backend.encode(keys)
+	}
 	out := Scores{Nodes: make([]NodeScore, len(req.Candidates)), Best: -1}
 	for i, c := range req.Candidates {
 		out.Nodes[i].Node = c
 	}
-	if len(hashes) == 0 && len(keys) == 0 {
+	if len(hashes) == 0 && nkeys == 0 {
 		out.Complete = true
 		return out, nil
 	}
@@ -158,16 +166,20 @@ func (h *SchedulerHandle) Score(ctx context.Context, req ScoreRequest) (Scores, 
 		if len(hashes) > 0 {
 			a.nodes, a.errs[0] = c.match(ctx, hashes)
 		}
-		if len(keys) > 0 {
-			a.prefix, a.errs[1] = c.prefix(ctx, keys)
-			if a.errs[1] == nil && (a.prefix < 0 || a.prefix > len(keys)) {
-				a.errs[1] = fmt.Errorf("count %d for %d keys", a.prefix, len(keys))
+		switch {
+		case nkeys == 0:
+		case qErr != nil:
+			a.errs[1] = qErr
+		default:
+			a.prefix, a.errs[1] = c.prefix(ctx, q)
+			if a.errs[1] == nil && (a.prefix < 0 || a.prefix > nkeys) {
+				a.errs[1] = fmt.Errorf("count %d for %d keys", a.prefix, nkeys)
 				a.prefix = 0
 			}
 		}
 		// A call whose both halves failed failed: the handle's fail-fast
 		// and the link's reconnect see it.
-		if a.errs[0] != nil && (a.errs[1] != nil || len(keys) == 0) {
+		if a.errs[0] != nil && (a.errs[1] != nil || nkeys == 0) {
 			return a, a.errs[0]
 		}
 		if a.errs[1] != nil && len(hashes) == 0 {

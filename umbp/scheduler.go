@@ -12,8 +12,8 @@ import (
 
 	"github.com/umbp-go/umbp-go/internal/conn"
 	"github.com/umbp-go/umbp-go/internal/daemonpool"
+	"github.com/umbp-go/umbp-go/internal/encoded"
 	"github.com/umbp-go/umbp-go/internal/masterconn"
-	"github.com/umbp-go/umbp-go/internal/slicepool"
 )
 
 var (
@@ -194,50 +194,42 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 	if len(keys) == 0 {
 		return []bool{}
 	}
-	// A key the server cannot be asked about (empty, not UTF-8) is a miss;
-	// the others are still looked up. Empty keys are left out here; a key
-	// that is not UTF-8 only once the request could not be encoded, since
-	// the encoder checks every key anyway (a second pass over 1024 keys
-	// would cost as much as the rest of the handle's work).
-	// The call may outlive this one (LookupTimeout): it works on its own
-	// copy of the caller's keys, which the caller may reuse once Lookup
-	// returns, in a pooled slice it gives back when it is done.
-	own := lookupKeys.Get(len(keys))
-	copy(own, keys)
-	ask, at := own, []int(nil)
-	if slices.Contains(own, "") {
-		ask, at = validKeys(own)
-	}
-	if len(ask) == 0 {
-		return h.misses(len(keys))
+	// The call may outlive this one (LookupTimeout), and the caller may
+	// reuse its keys once Lookup returns: the request is encoded here, and
+	// the call sends the encoded bytes. A key the server cannot be asked
+	// about (empty, not UTF-8) is a miss, and the others are still looked
+	// up: the encoder, which checks every key anyway, refuses the batch, and
+	// it is encoded again without them.
+	var at []int // where the keys asked about are in keys, when not all are
+	q, err := h.backend.encode(keys)
+	if err != nil {
+		var ask []string
+		if ask, at = validKeys(keys); len(ask) == 0 {
+			return h.misses(len(keys))
+		}
+		q, err = h.backend.encode(ask)
 	}
 	h.stats.lookups.Add(1)
-	out, err := call(ctx, h, "BatchExists", func(ctx context.Context, c lookupSource) ([]bool, error) {
-		defer lookupKeys.Put(own)
-		ask, at := ask, at
-		hits, err := c.exists(ctx, ask)
-		if err != nil && !errors.Is(err, ErrUnavailable) && !allUTF8(ask) {
-			// The request was never sent: the encoder refused it.
-			if ask, at = validKeys(own); len(ask) == 0 {
-				return make([]bool, len(own)), nil
+	var out []bool
+	if n := len(keys); err == nil {
+		out, err = call(ctx, h, "BatchExists", func(ctx context.Context, c lookupSource) ([]bool, error) {
+			hits, err := c.exists(ctx, q)
+			if err != nil {
+				return nil, err
 			}
-			hits, err = c.exists(ctx, ask)
-		}
-		if err != nil {
-			return nil, err
-		}
-		if len(hits) != len(ask) {
-			return nil, fmt.Errorf("%d results for %d keys", len(hits), len(ask))
-		}
-		if at == nil {
-			return hits, nil
-		}
-		out := make([]bool, len(own))
-		for j, i := range at {
-			out[i] = hits[j]
-		}
-		return out, nil
-	})
+			if len(hits) != q.N {
+				return nil, fmt.Errorf("%d results for %d keys", len(hits), q.N)
+			}
+			if at == nil {
+				return hits, nil
+			}
+			out := make([]bool, n)
+			for j, i := range at {
+				out[i] = hits[j]
+			}
+			return out, nil
+		})
+	}
 	if err != nil {
 		h.logFailure("lookup", err)
 		return h.misses(len(keys))
@@ -254,10 +246,6 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 	return out
 }
 
-// lookupKeys holds the copies of the caller's keys that lookups' calls work
-// on (policy.go: maxPooledKeys).
-var lookupKeys = slicepool.New[string](maxPooledKeys)
-
 // misses answers n keys as absent, and counts them.
 func (h *SchedulerHandle) misses(n int) []bool {
 	h.stats.misses.Add(uint64(n))
@@ -266,16 +254,6 @@ func (h *SchedulerHandle) misses(n int) []bool {
 
 // lookupKeyOK reports whether key can be sent in a lookup.
 func lookupKeyOK(key string) bool { return key != "" && utf8.ValidString(key) }
-
-// allUTF8 reports whether every key is valid UTF-8.
-func allUTF8(keys []string) bool {
-	for _, k := range keys {
-		if !utf8.ValidString(k) {
-			return false
-		}
-	}
-	return true
-}
 
 // validKeys returns the keys that can be sent and their indexes.
 func validKeys(keys []string) ([]string, []int) {
@@ -302,24 +280,23 @@ func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
 	if len(keys) == 0 {
 		return 0
 	}
-	own := lookupKeys.Get(len(keys)) // as in Lookup: the call may outlive this one
-	copy(own, keys)
 	h.stats.lookups.Add(1)
-	n, err := call(ctx, h, "BatchExistsConsecutive", func(ctx context.Context, c lookupSource) (int, error) {
-		defer lookupKeys.Put(own)
-		n, err := c.prefix(ctx, own)
-		if err != nil && !errors.Is(err, ErrUnavailable) {
-			if i := slices.IndexFunc(own, func(k string) bool { return !utf8.ValidString(k) }); i >= 0 {
-				// The request holding it was never sent; the count
-				// stops there anyway.
-				if i == 0 {
-					return 0, nil
-				}
-				n, err = c.prefix(ctx, own[:i])
-			}
+	q, err := h.backend.encode(keys) // as in Lookup: the call may outlive this one
+	if err != nil {
+		// The count stops at the first key that is not UTF-8.
+		i := slices.IndexFunc(keys, func(k string) bool { return !utf8.ValidString(k) })
+		if i <= 0 {
+			h.stats.misses.Add(uint64(len(keys)))
+			return 0
 		}
-		return n, err
-	})
+		q, err = h.backend.encode(keys[:i])
+	}
+	var n int
+	if err == nil {
+		n, err = call(ctx, h, "BatchExistsConsecutive", func(ctx context.Context, c lookupSource) (int, error) {
+			return c.prefix(ctx, q)
+		})
+	}
 	if err != nil {
 		h.logFailure("prefix lookup", err)
 		h.stats.misses.Add(uint64(len(keys)))
@@ -443,6 +420,9 @@ func isDone(done <-chan struct{}) bool {
 // handle's own machinery (the detached call, the timeout, fail-fast while
 // a call is stuck, the counters) is the same for both.
 type schedBackend interface {
+	// encode encodes a lookup's keys (none empty) for this backend, on
+	// the caller's goroutine: a key that is not UTF-8 is an error.
+	encode(keys []string) (encoded.Keys, error)
 	// session returns what a call asks now, or the error to answer at
 	// once (reconnecting, closed).
 	session() (lookupSource, error)
@@ -468,8 +448,10 @@ type schedBackend interface {
 
 // lookupSource is one connection's answers to what a scheduler asks.
 type lookupSource interface {
-	exists(ctx context.Context, keys []string) ([]bool, error)
-	prefix(ctx context.Context, keys []string) (int, error)
+	// exists and prefix send keys their backend's encode encoded; they
+	// free what they do not send.
+	exists(ctx context.Context, keys encoded.Keys) ([]bool, error)
+	prefix(ctx context.Context, keys encoded.Keys) (int, error)
 	// match asks the external KV index which nodes hold hashes.
 	match(ctx context.Context, hashes []string) ([]masterconn.NodeMatch, error)
 	clear(ctx context.Context) (bool, error)
@@ -487,8 +469,9 @@ func (b standaloneBackend) session() (lookupSource, error) {
 	return standaloneSource{c}, nil
 }
 
-func (b standaloneBackend) failed(err error)   { b.l.failed(err) }
-func (b standaloneBackend) state() HandleState { return HandleState(b.l.state.Load()) }
+func (b standaloneBackend) encode(keys []string) (encoded.Keys, error) { return conn.EncodeKeys(keys) }
+func (b standaloneBackend) failed(err error)                           { b.l.failed(err) }
+func (b standaloneBackend) state() HandleState                         { return HandleState(b.l.state.Load()) }
 func (b standaloneBackend) waitForStateChange(ctx context.Context, from HandleState) bool {
 	return b.l.waitForStateChange(ctx, from)
 }
@@ -503,13 +486,13 @@ func (b standaloneBackend) waitsOutCalls() bool              { return true }
 // standaloneSource asks one connection to a standalone server.
 type standaloneSource struct{ c *conn.Conn }
 
-func (s standaloneSource) exists(ctx context.Context, keys []string) ([]bool, error) {
-	hits, errs := s.c.BatchExists(ctx, keys, true)
+func (s standaloneSource) exists(ctx context.Context, keys encoded.Keys) ([]bool, error) {
+	hits, errs := s.c.BatchExistsEncoded(ctx, keys)
 	return hits, conn.Joined(errs)
 }
 
-func (s standaloneSource) prefix(ctx context.Context, keys []string) (int, error) {
-	return s.c.BatchExistsConsecutive(ctx, keys, true)
+func (s standaloneSource) prefix(ctx context.Context, keys encoded.Keys) (int, error) {
+	return s.c.BatchExistsConsecutiveEncoded(ctx, keys)
 }
 
 func (s standaloneSource) match(ctx context.Context, hashes []string) ([]masterconn.NodeMatch, error) {

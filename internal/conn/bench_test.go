@@ -58,7 +58,7 @@ func BenchmarkBatchExists1024(b *testing.B) {
 	}
 	b.Run("Conn", func(b *testing.B) {
 		for b.Loop() {
-			got, err := joined(c.BatchExists(ctx, keys, false))
+			got, err := joined(c.BatchExists(ctx, keys))
 			if err != nil || !got[0] || got[n-1] {
 				b.Fatal(err)
 			}

@@ -299,12 +299,12 @@ func TestConformanceBatches(t *testing.T) {
 		}
 	}
 	probe := []string{"b00", "b01", "nope", "b03"}
-	got, err = joined(c.BatchExists(ctx, probe, false))
+	got, err = joined(c.BatchExists(ctx, probe))
 	wantBools(t, "BatchExists", got, err, true, true, false, true)
-	if k, err := c.BatchExistsConsecutive(ctx, probe, false); k != 2 || err != nil {
+	if k, err := c.BatchExistsConsecutive(ctx, probe); k != 2 || err != nil {
 		t.Fatalf("BatchExistsConsecutive = %d, %v", k, err)
 	}
-	if k, err := c.BatchExistsConsecutive(ctx, keys, false); k != n || err != nil {
+	if k, err := c.BatchExistsConsecutive(ctx, keys); k != n || err != nil {
 		t.Fatalf("BatchExistsConsecutive(all) = %d, %v", k, err)
 	}
 	// A get of a missing key and one of the wrong size: only those false.
@@ -313,7 +313,7 @@ func TestConformanceBatches(t *testing.T) {
 
 	// Clear drops every object and keeps the registration.
 	mustOK(t, "Clear")(c.Clear(ctx))
-	got, err = joined(c.BatchExists(ctx, keys[:3], false))
+	got, err = joined(c.BatchExists(ctx, keys[:3]))
 	wantBools(t, "BatchExists after Clear", got, err, false, false, false)
 	mustOK(t, "Put after Clear")(c.Put(ctx, "again", r.seg(0, 10)))
 	mustOK(t, "Flush")(c.Flush(ctx))
@@ -340,7 +340,7 @@ func TestConformanceAllFalseBatches(t *testing.T) {
 	for name, segs := range bad {
 		got, err := joined(c.BatchPut(ctx, []string{"x1", "x2"}, segs))
 		wantBools(t, "BatchPut "+name, got, err, false, false)
-		got, err = joined(c.BatchExists(ctx, []string{"x1", "x2"}, false))
+		got, err = joined(c.BatchExists(ctx, []string{"x1", "x2"}))
 		wantBools(t, "nothing stored after "+name, got, err, false, false)
 	}
 	mustOK(t, "Put")(c.Put(ctx, "have", r.seg(0, 10)))
@@ -434,7 +434,7 @@ func TestConformanceRanged(t *testing.T) {
 		o.Key = "bad-" + name
 		got, err := joined(c.BatchPutRanges(ctx, []Object{{Key: "ok-" + name, Size: 10, Ranges: []Range{a.rng(0, 10, 0)}}, o}))
 		wantBools(t, "ranged put with "+name, got, err, true, false)
-		got, err = joined(c.BatchExists(ctx, []string{"ok-" + name, o.Key}, false))
+		got, err = joined(c.BatchExists(ctx, []string{"ok-" + name, o.Key}))
 		wantBools(t, "stored after "+name, got, err, true, false)
 	}
 	// Per-key false that the Conn refuses locally, sent raw: a zero-size
@@ -547,7 +547,7 @@ func TestConformanceRanged(t *testing.T) {
 			t.Errorf("ranged call with %s = %v, %v", name, resp.GetOk(), err)
 		}
 	}
-	if got, err := joined(c.BatchExists(ctx, []string{"s1", "s2", "w-ok", "w-bad"}, false)); err != nil || fmt.Sprint(got) != "[false false false false]" {
+	if got, err := joined(c.BatchExists(ctx, []string{"s1", "s2", "w-ok", "w-bad"})); err != nil || fmt.Sprint(got) != "[false false false false]" {
 		t.Fatalf("whole-batch failures stored something: %v, %v", got, err)
 	}
 
@@ -734,7 +734,7 @@ func TestConformanceSplitBatches(t *testing.T) {
 	for i := range keys {
 		keys[i] = fmt.Sprintf("%08d", i) + pad
 	}
-	got, err := joined(c.BatchExists(ctx, keys, false))
+	got, err := joined(c.BatchExists(ctx, keys))
 	if err != nil || len(got) != len(keys) {
 		t.Fatalf("BatchExists over 64 MiB = %d results, %v", len(got), err)
 	}

@@ -82,6 +82,11 @@ func wantReq(t *testing.T, got call, method string, want proto.Message) {
 	if got.method != method {
 		t.Fatalf("method %s, want %s", got.method, method)
 	}
+	// As the generated stub sends it, requests encoded ahead of their
+	// call (lookups) included.
+	if got.contentType != "application/grpc" {
+		t.Fatalf("%s: content-type %q, want application/grpc", method, got.contentType)
+	}
 	mo := proto.MarshalOptions{Deterministic: true}
 	gb, err := mo.Marshal(got.req)
 	if err != nil {
@@ -386,10 +391,10 @@ func TestRequestMapping(t *testing.T) {
 	ok, err = c.Exists(ctx, "k1")
 	check("Exists", ok, err)
 	wantReq(t, oneCall(t, f), "Exists", &umbppb.KeyRequest{Key: "k1"})
-	got, err = joined(c.BatchExists(ctx, []string{"a", "b", "c"}, false))
+	got, err = joined(c.BatchExists(ctx, []string{"a", "b", "c"}))
 	checkAll("BatchExists", got, err, 3)
 	wantReq(t, oneCall(t, f), "BatchExists", &umbppb.BatchKeysRequest{Keys: []string{"a", "b", "c"}})
-	n, err := c.BatchExistsConsecutive(ctx, []string{"a", "b", "c"}, false)
+	n, err := c.BatchExistsConsecutive(ctx, []string{"a", "b", "c"})
 	if n != 3 || err != nil {
 		t.Fatalf("BatchExistsConsecutive = %d, %v", n, err)
 	}
@@ -484,7 +489,7 @@ func TestNoDeadlineAdded(t *testing.T) {
 	o := []Object{{Key: "k", Size: 1, Ranges: []Range{{RegionBase: 0x1000, Size: 1}}}}
 	_, _ = joined(c.BatchPutRanges(ctx, o))
 	_, _ = joined(c.BatchGetRanges(ctx, o))
-	_, _ = joined(c.BatchExists(ctx, []string{"k"}, false))
+	_, _ = joined(c.BatchExists(ctx, []string{"k"}))
 	calls := f.take()
 	if len(calls) != 7 {
 		t.Fatalf("%d calls", len(calls))
@@ -722,7 +727,7 @@ func TestValidation(t *testing.T) {
 		"BatchGet overflow": func() ([]bool, error) {
 			return joined(c.BatchGet(ctx, []string{"a"}, []Segment{{RegionBase: 0x1000, Offset: ^uint64(0), Size: 2}}))
 		},
-		"BatchExists utf8": func() ([]bool, error) { return joined(c.BatchExists(ctx, []string{"a", "\xff"}, false)) },
+		"BatchExists utf8": func() ([]bool, error) { return joined(c.BatchExists(ctx, []string{"a", "\xff"})) },
 		"ranges none": func() ([]bool, error) {
 			return joined(c.BatchPutRanges(ctx, []Object{{Key: "a", Size: 1, Ranges: []Range{goodR}}, {Key: "b", Size: 1}}))
 		},
@@ -757,7 +762,7 @@ func TestValidation(t *testing.T) {
 		"Put empty key": func() error { _, err := c.Put(ctx, "", good); return err },
 		"Get size 0":    func() error { _, err := c.Get(ctx, "k", Segment{RegionBase: 1}); return err },
 		"Exists empty":  func() error { _, err := c.Exists(ctx, ""); return err },
-		"Consecutive":   func() error { _, err := c.BatchExistsConsecutive(ctx, []string{""}, false); return err },
+		"Consecutive":   func() error { _, err := c.BatchExistsConsecutive(ctx, []string{""}); return err },
 		"Match utf8":    func() error { _, err := c.MatchExternalKv(ctx, []string{"\xff"}, false); return err },
 	}
 	for name, fn := range singles {
@@ -769,7 +774,7 @@ func TestValidation(t *testing.T) {
 		t.Fatalf("invalid requests reached the server: %v", calls)
 	}
 	// Empty batches need no request.
-	if got, err := joined(c.BatchExists(ctx, nil, false)); len(got) != 0 || err != nil {
+	if got, err := joined(c.BatchExists(ctx, nil)); len(got) != 0 || err != nil {
 		t.Fatalf("BatchExists(nil) = %v, %v", got, err)
 	}
 	if got, err := joined(c.BatchPutRanges(ctx, nil)); len(got) != 0 || err != nil {
@@ -839,7 +844,7 @@ func TestBatchSplit(t *testing.T) {
 		}}
 	}
 	for name, fn := range map[string]func() ([]bool, error){
-		"BatchExists":    func() ([]bool, error) { return joined(c.BatchExists(ctx, keys, false)) },
+		"BatchExists":    func() ([]bool, error) { return joined(c.BatchExists(ctx, keys)) },
 		"BatchPut":       func() ([]bool, error) { return joined(c.BatchPut(ctx, keys, segs)) },
 		"BatchGet":       func() ([]bool, error) { return joined(c.BatchGet(ctx, keys, segs)) },
 		"BatchPutRanges": func() ([]bool, error) { return joined(c.BatchPutRanges(ctx, objs)) },
@@ -920,7 +925,7 @@ func TestBatchSplit(t *testing.T) {
 
 	// One entry too large for any request: refused locally.
 	big := strings.Repeat("k", limit)
-	if got, err := joined(c.BatchExists(ctx, []string{"a", big}, false)); !errors.Is(err, ErrInvalidArgument) || len(got) != 2 {
+	if got, err := joined(c.BatchExists(ctx, []string{"a", big})); !errors.Is(err, ErrInvalidArgument) || len(got) != 2 {
 		t.Fatalf("oversize key: %v, %v", got, err)
 	}
 	if _, err := c.Exists(ctx, big); !errors.Is(err, ErrInvalidArgument) {
@@ -953,7 +958,7 @@ func TestBatchExistsConsecutiveSplit(t *testing.T) {
 		return &umbppb.CountResponse{Count: uint64(n)}, nil
 	})
 	f.take()
-	n, err := c.BatchExistsConsecutive(context.Background(), keys, false)
+	n, err := c.BatchExistsConsecutive(context.Background(), keys)
 	if n != present || err != nil {
 		t.Fatalf("BatchExistsConsecutive = %d, %v", n, err)
 	}
@@ -970,7 +975,7 @@ func TestBatchExistsConsecutiveSplit(t *testing.T) {
 	f.setHandler(func(_ context.Context, m string, _ proto.Message) (proto.Message, error) {
 		return &umbppb.CountResponse{Count: 1000}, nil
 	})
-	if _, err := c.BatchExistsConsecutive(context.Background(), keys[:2], false); !errors.Is(err, ErrBadReply) {
+	if _, err := c.BatchExistsConsecutive(context.Background(), keys[:2]); !errors.Is(err, ErrBadReply) {
 		t.Fatalf("oversize count: %v", err)
 	}
 }
@@ -985,7 +990,7 @@ func TestWrongLengthAndChunkFailures(t *testing.T) {
 		f.setHandler(func(context.Context, string, proto.Message) (proto.Message, error) {
 			return &umbppb.BatchBoolResponse{Ok: make([]bool, n)}, nil
 		})
-		got, err := joined(c.BatchExists(ctx, []string{"a", "b", "c"}, false))
+		got, err := joined(c.BatchExists(ctx, []string{"a", "b", "c"}))
 		if !errors.Is(err, ErrBadReply) || len(got) != 3 {
 			t.Fatalf("%d results: %v, %v", n, got, err)
 		}
@@ -1011,7 +1016,7 @@ func TestWrongLengthAndChunkFailures(t *testing.T) {
 		return &umbppb.BatchBoolResponse{Ok: ok}, nil
 	})
 	f.take()
-	got, errs := c.BatchExists(ctx, keys, false)
+	got, errs := c.BatchExists(ctx, keys)
 	err := Joined(errs)
 	calls := f.take()
 	if len(calls) < 4 || len(got) != len(keys) {
@@ -1174,8 +1179,8 @@ func TestClose(t *testing.T) {
 		"BatchPutRanges": func() error { _, err := joined(c.BatchPutRanges(ctx, o)); return err },
 		"BatchGetRanges": func() error { _, err := joined(c.BatchGetRanges(ctx, o)); return err },
 		"Exists":         func() error { _, err := c.Exists(ctx, "k"); return err },
-		"BatchExists":    func() error { _, err := joined(c.BatchExists(ctx, []string{"k"}, false)); return err },
-		"Consecutive":    func() error { _, err := c.BatchExistsConsecutive(ctx, []string{"k"}, false); return err },
+		"BatchExists":    func() error { _, err := joined(c.BatchExists(ctx, []string{"k"})); return err },
+		"Consecutive":    func() error { _, err := c.BatchExistsConsecutive(ctx, []string{"k"}); return err },
 		"Clear":          func() error { _, err := c.Clear(ctx); return err },
 		"Flush":          func() error { _, err := c.Flush(ctx); return err },
 		"RegisterHost":   func() error { return c.RegisterHost(ctx, fd, addr(mem), 4096) },

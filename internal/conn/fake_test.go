@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/umbp-go/umbp-go/internal/fdpass"
@@ -23,6 +24,8 @@ type call struct {
 	req    proto.Message
 	// deadline reports whether the request's context had a deadline.
 	deadline bool
+	// contentType is the request's content-type header.
+	contentType string
 }
 
 // handler answers method; a nil reply and nil error mean "the default".
@@ -156,8 +159,12 @@ func (f *fake) registrations() []fdpass.Registration {
 
 func (f *fake) do(ctx context.Context, method string, req proto.Message, def func() proto.Message) (proto.Message, error) {
 	_, hasDeadline := ctx.Deadline()
+	var ct string
+	if md, ok := metadata.FromIncomingContext(ctx); ok && len(md.Get("content-type")) > 0 {
+		ct = md.Get("content-type")[0]
+	}
 	f.mu.Lock()
-	f.calls = append(f.calls, call{method: method, req: proto.Clone(req), deadline: hasDeadline})
+	f.calls = append(f.calls, call{method: method, req: proto.Clone(req), deadline: hasDeadline, contentType: ct})
 	h := f.handle
 	f.mu.Unlock()
 	if h != nil {

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 
+	"github.com/umbp-go/umbp-go/internal/encoded"
 	"github.com/umbp-go/umbp-go/internal/errdefs"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
@@ -182,23 +183,56 @@ func checkStrings(op, what string, ss []string) error {
 	return nil
 }
 
-// BatchLookup reports for each key whether some node holds it. An empty
-// key is refused here; a key that is not UTF-8 fails the request before
-// anything is sent (the encoder refuses it), so the keys are not read twice.
-func (c *Conn) BatchLookup(ctx context.Context, keys []string) ([]bool, error) {
+// EncodeKeys encodes keys for BatchLookupEncoded on the caller's goroutine:
+// the call that sends them reads only the encoded bytes. An empty key, or
+// one that is not UTF-8 (which the encoder refuses), fails the batch with an
+// ErrInvalidArgument that names it.
+func EncodeKeys(keys []string) (encoded.Keys, error) {
 	const op = "BatchLookup"
 	if i := slices.Index(keys, ""); i >= 0 {
-		return nil, fmt.Errorf("%s: %w: key %d is empty", op, ErrInvalidArgument, i)
+		return encoded.Keys{}, fmt.Errorf("%s: %w: key %d is empty", op, ErrInvalidArgument, i)
 	}
-	resp, err := c.raw.BatchLookup(ctx, &umbppb.BatchLookupRequest{Keys: keys})
-	if err != nil {
+	// BatchLookupRequest's keys; its node_id, which the master ignores,
+	// is left empty (so not encoded).
+	const keysField = 2
+	m, err := encoded.Strings(keysField, keys)
+	if bad := (*encoded.NotUTF8Error)(nil); errors.As(err, &bad) {
+		return encoded.Keys{}, fmt.Errorf("%s: %w: key %d (%q) is not UTF-8", op, ErrInvalidArgument, bad.Index, keys[bad.Index])
+	} else if err != nil {
+		return encoded.Keys{}, fmt.Errorf("%s: %w: %w", op, ErrInvalidArgument, err)
+	}
+	return encoded.Keys{N: len(keys), Parts: []encoded.Part{{Start: 0, End: len(keys), Msg: m}}}, nil
+}
+
+// BatchLookupEncoded reports for each key of k whether some node holds it.
+func (c *Conn) BatchLookupEncoded(ctx context.Context, k encoded.Keys) ([]bool, error) {
+	const op = "BatchLookup"
+	defer k.Free()
+	if len(k.Parts) != 1 {
+		return nil, fmt.Errorf("%s: %w: keys encoded in %d parts, not one", op, ErrInvalidArgument, len(k.Parts))
+	}
+	resp := new(umbppb.BatchLookupResponse)
+	if err := c.cc.Invoke(ctx, umbppb.UMBPMaster_BatchLookup_FullMethodName, k.Parts[0].Msg, resp, encodedCall...); err != nil {
 		return nil, rpcError(ctx, op, err)
 	}
 	found := resp.GetFound()
-	if len(found) != len(keys) {
-		return nil, fmt.Errorf("%s: %w: %d results for %d keys", op, ErrBadReply, len(found), len(keys))
+	if len(found) != k.N {
+		return nil, fmt.Errorf("%s: %w: %d results for %d keys", op, ErrBadReply, len(found), k.N)
 	}
 	return found, nil
+}
+
+// encodedCall are the options of a call that sends an encoded request: as
+// the generated stub's, and the encoded message sent as it is.
+var encodedCall = []grpc.CallOption{grpc.StaticMethod(), encoded.CallOption}
+
+// BatchLookup is EncodeKeys and BatchLookupEncoded.
+func (c *Conn) BatchLookup(ctx context.Context, keys []string) ([]bool, error) {
+	k, err := EncodeKeys(keys)
+	if err != nil {
+		return nil, err
+	}
+	return c.BatchLookupEncoded(ctx, k)
 }
 
 // Probe asks BatchLookup about no keys: the cheapest call with no side
