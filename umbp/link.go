@@ -32,7 +32,10 @@ func statIdent(path string) (sockIdent, error) {
 // link is a handle's supervised attachment to the server: the current
 // connection, and a goroutine that notices the server going away (transport
 // failure, or its socket file replaced) and attaches again, re-running the
-// handle's attach hook (re-registration) on the new connection.
+// handle's attach hook (re-registration) on the new connection. It is the
+// handle's one reconnect loop: a connection never redials a lost transport
+// (conn.Dial), so after a loss only the link dials, at its own pace
+// (reconnectPause).
 type link struct {
 	rt      *StandaloneRuntime
 	log     *slog.Logger
@@ -43,10 +46,6 @@ type link struct {
 	mu    sync.Mutex
 	c     *conn.Conn
 	ident sockIdent
-	// dials is c's transport count when it was attached: a transport
-	// opened during the dial (one that timed out in the handshake, say) is
-	// no sign of a new server; one opened later is.
-	dials uint64
 
 	state      atomic.Int32 // HandleState; every change is followed by notifyState
 	stateMu    sync.Mutex
@@ -87,7 +86,7 @@ func newLink(ctx context.Context, rt *StandaloneRuntime, attach func(context.Con
 			return nil, err
 		}
 	}
-	l.c, l.ident, l.dials = c, ident, c.Transports()
+	l.c, l.ident = c, ident
 	l.unwatch = l.watch(c)
 	go l.supervise()
 	return l, nil
@@ -107,8 +106,8 @@ func (l *link) watch(c *conn.Conn) context.CancelFunc {
 			}
 			s = c.State()
 		}
-		// Then any change away from READY counts, even if gRPC has
-		// redialled by the time we look again.
+		// Then any change away from READY counts: the transport is lost,
+		// and a connection never redials.
 		if s == connectivity.Ready && !c.WaitForStateChange(ctx, connectivity.Ready) {
 			return
 		}
@@ -210,13 +209,14 @@ func (l *link) supervise() {
 }
 
 // lost reports whether the server the link attached to is gone: its socket
-// was replaced or removed, or the transport to it failed.
+// was replaced or removed, or the transport to it failed (a connection
+// never redials: the link is what attaches again).
 func (l *link) lost() bool {
 	ident, err := statIdent(l.path)
 	l.mu.Lock()
-	old, c, dials := l.ident, l.c, l.dials
+	old, c := l.ident, l.c
 	l.mu.Unlock()
-	return err != nil || ident != old || l.broken.Load() == c || c.Transports() > dials
+	return err != nil || ident != old || l.broken.Load() == c
 }
 
 // reattach dials the server anew and runs the attach hook on the new
@@ -254,7 +254,7 @@ func (l *link) reattach() error {
 		return ErrClosed
 	}
 	old := l.c
-	l.c, l.ident, l.dials = c, ident, c.Transports()
+	l.c, l.ident = c, ident
 	l.unwatch()
 	l.unwatch = l.watch(c)
 	l.mu.Unlock()

@@ -237,3 +237,37 @@ func TestEngineBeforeServer(t *testing.T) {
 		t.Fatalf("after a late start: %+v", s)
 	}
 }
+
+// TestTransportLostServerLives: a transport that fails under a server that
+// lives on is noticed like a restart. The handles attach anew (a
+// connection never redials), the pool's blocks are still there, and the
+// old connection's registrations are dropped through the new one, so the
+// server is left with one client per worker, not two.
+func TestTransportLostServerLives(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	a := newEngine(t, rt, 4, 8, 512)
+	h := newScheduler(t, rt)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // does not hang
+	defer cancel()
+	storeLoad(t, a, a, "before", 1, 4)
+	if st := srv.Stats(); st.Clients != 1 {
+		t.Fatalf("server clients before: %d, want 1", st.Clients)
+	}
+
+	srv.DropConnections()
+	waitReconnects(t, a.w, 1)
+	waitReconnects(t, h, 1)
+	// The old client's registrations go once it has nothing in flight.
+	if err := srv.WaitCalls(ctx, "DeregisterMemory", 1); err != nil {
+		t.Fatalf("the old connection was never deregistered: %v", err)
+	}
+	if st := srv.Stats(); st.Clients != 1 {
+		t.Fatalf("server clients after: %d, want 1 (the old connection's registrations stayed)", st.Clients)
+	}
+	// The pool lived on: the blocks stored before are still there.
+	if got := h.Lookup(ctx, []string{a.plans(t, "before", 0)[0].Key}); !got[0] {
+		t.Fatal("lookup missed a block the living server holds")
+	}
+	storeLoad(t, a, a, "after", 2, 8)
+}

@@ -114,9 +114,9 @@ func (w *WorkerHandle) reregister(ctx context.Context, c *conn.Conn) error {
 	return nil
 }
 
-// replaced runs once the link attached to a new server: the old connection
-// deregisters (in case its server lives on) and closes when the transfers
-// still using it have returned.
+// replaced runs once the link attached to a new server: the old
+// connection's registrations are dropped (in case its server lives on) and
+// it closes, once the transfers still using it have returned.
 func (w *WorkerHandle) replaced(old *conn.Conn) {
 	on := w.leave(old)
 	go func() {
@@ -125,7 +125,14 @@ func (w *WorkerHandle) replaced(old *conn.Conn) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
 		defer cancel()
-		_ = old.Deregister(ctx)
+		if err := old.Deregister(ctx); errors.Is(err, ErrUnavailable) {
+			// Its transport is gone, and a connection never redials: ask
+			// the server behind the new one, which may be the same
+			// process, living on.
+			if c, err := w.link.current(); err == nil && c != old {
+				_ = c.DeregisterClient(ctx, old.ClientID())
+			}
+		}
 		_ = old.Close()
 	}()
 }

@@ -105,8 +105,6 @@ type Conn struct {
 	// dialFail, while Dial waits for the server, ends that wait with the
 	// error of a connection refused by the trust check.
 	dialFail atomic.Pointer[context.CancelCauseFunc]
-	// lastRefusal is when a refused connection was last logged (unix ns).
-	lastRefusal atomic.Int64
 	// handshake is how far the latest dial got until a server first
 	// answered: what Dial's error says of a server that never did.
 	handshake atomic.Int32
@@ -114,11 +112,14 @@ type Conn struct {
 	cc  *grpc.ClientConn
 	raw umbppb.UMBPStandaloneClient
 
-	closed    atomic.Bool
-	dials     atomic.Uint64 // transports opened, see Transports
-	peers     peers         // the server processes behind them
-	closeOnce sync.Once
-	closeErr  error
+	closed   atomic.Bool
+	attached atomic.Bool // Dial returned it: no transport is dialled after
+	// redialsRefused counts gRPC's redials refused after Dial.
+	redialsRefused atomic.Uint64
+	dials          atomic.Uint64 // transports opened, see Transports
+	peers          peers         // the server processes behind them
+	closeOnce      sync.Once
+	closeErr       error
 
 	mu   sync.Mutex
 	caps Capabilities
@@ -204,11 +205,10 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 	}
 	c.cc = cc
 	c.raw = umbppb.NewUMBPStandaloneClient(cc)
-	cc.Connect()
-
 	// A connection refused by the trust check ends the wait at once.
 	wctx, fail := context.WithCancelCause(ctx)
 	c.dialFail.Store(&fail)
+	cc.Connect()
 	caps, err := c.waitReady(wctx, startup)
 	c.dialFail.Store(nil)
 	cause := context.Cause(wctx)
@@ -225,6 +225,9 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 		return nil, err
 	}
 	c.setCaps(caps)
+	// From now on the connection is its one transport: a lost one is not
+	// redialled (the caller attaches anew, with a new connection).
+	c.attached.Store(true)
 	c.log.Debug("connected to the UMBP server", "ranged_io", caps.RangedIO, "mode", caps.Mode.String())
 	return c, nil
 }
@@ -232,8 +235,16 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 // dialGRPC is the transport's dialer: it connects to the gRPC socket and
 // hands the connection over only when the socket and the process serving it
 // pass the trust check. A refused connection is a failed connection to gRPC,
-// which retries it as it would an unreachable server.
+// which retries it as it would an unreachable server — while Dial waits for
+// the server. Once Dial has returned, gRPC asks for a transport only when
+// the one Dial attached through is lost: that is refused without touching
+// the socket, so that every call after it fails as unavailable at once, and
+// the only thing that dials a server again is whoever makes the next Conn.
 func (c *Conn) dialGRPC(ctx context.Context, _ string) (net.Conn, error) {
+	if c.attached.Load() {
+		c.redialsRefused.Add(1)
+		return nil, errTransportLost
+	}
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unix", c.grpcPath)
 	if err != nil {
@@ -272,24 +283,19 @@ func (c *Conn) dialGRPC(ctx context.Context, _ string) (net.Conn, error) {
 	return &firstRead{Conn: nc, c: c}, nil
 }
 
-// Transports returns how many transports the connection has opened. gRPC
-// redials on its own after a transport is lost, possibly to a new server
-// process at the same path: more than one means the server this
-// connection first reached may be gone, with its registrations.
+// errTransportLost refuses gRPC's redial of a Conn's lost transport.
+var errTransportLost = errors.New("the connection's transport was lost; it is not redialled")
+
+// Transports returns how many transports the connection has opened: those
+// Dial opened while it waited for the server, never more.
 func (c *Conn) Transports() uint64 { return c.dials.Load() }
 
-// refused reports a connection refused by the trust check: to Dial while it
-// waits, which returns it; later, when gRPC sees no more than a failed
-// connection, to the log.
+// refused reports a connection refused by the trust check to Dial, which
+// returns it. (It is refused only while Dial waits: no transport is dialled
+// after.)
 func (c *Conn) refused(err error) {
 	if f := c.dialFail.Load(); f != nil {
 		(*f)(err)
-		return
-	}
-	now := time.Now().UnixNano()
-	last := c.lastRefusal.Load()
-	if (last == 0 || now-last >= int64(refusalLogEvery)) && c.lastRefusal.CompareAndSwap(last, now) {
-		c.log.Warn("refusing a connection to an untrusted UMBP server", "err", err)
 	}
 }
 

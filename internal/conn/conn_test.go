@@ -284,7 +284,11 @@ func TestDialInvalid(t *testing.T) {
 	}
 }
 
-func TestReconnectAfterRestart(t *testing.T) {
+// TestNoRedialAfterLoss: a Conn is the one transport Dial attached
+// through. Once it is lost, gRPC's redials are refused without touching the
+// socket, even with a server back at the path: calls fail as unavailable,
+// and only a new Dial attaches to the new server.
+func TestNoRedialAfterLoss(t *testing.T) {
 	f := startFake(t)
 	c := dial(t, f.endpoint)
 	f.stop()
@@ -297,16 +301,31 @@ func TestReconnectAfterRestart(t *testing.T) {
 		t.Fatalf("status %v", st)
 	}
 	f.serve(t)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		_, err := c.Ping(context.Background())
-		if err == nil {
-			break
+	fresh := dial(t, f.endpoint) // the server is back
+	if _, err := fresh.Ping(context.Background()); err != nil {
+		t.Fatalf("Ping on a new Conn: %v", err)
+	}
+	// gRPC asks for a transport again and again; each one is refused.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // does not hang
+	defer cancel()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for from := c.redialsRefused.Load(); c.redialsRefused.Load() < from+2; {
+		if s := c.cc.GetState(); s == connectivity.Ready {
+			t.Fatal("the lost Conn redialled")
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no reconnect within 5s: %v", err)
+		c.cc.Connect()
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			t.Fatalf("no redial within 30s (refused %d)", c.redialsRefused.Load())
 		}
-		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := c.Ping(context.Background()); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), errTransportLost.Error()) {
+		t.Fatalf("Ping on the lost Conn with the server back: %v", err)
+	}
+	if n := c.Transports(); n != 1 {
+		t.Fatalf("Transports = %d, want 1", n)
 	}
 }
 

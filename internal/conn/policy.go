@@ -36,8 +36,9 @@ const (
 	pingPauseMax = 250 * time.Millisecond
 )
 
-// gRPC's own redial of a lost transport, which finds a restarted server
-// within about a second.
+// gRPC's redial while Dial waits for the server (a Conn that Dial returned
+// never redials), which finds a server that has just started within about a
+// second.
 const (
 	redialBase       = 50 * time.Millisecond
 	redialMultiplier = 1.6
@@ -49,7 +50,3 @@ const (
 // maxRecycledRanges bounds the ranged requests kept for reuse: 64 Ki
 // ranges, about 2.5 MiB of arrays.
 const maxRecycledRanges = 1 << 16
-
-// refusalLogEvery spaces the warnings about refused connections: gRPC
-// retries about once a second.
-const refusalLogEvery = 30 * time.Second

@@ -149,12 +149,17 @@ func (c *Conn) registerMemory(ctx context.Context, req *umbppb.RegisterMemoryReq
 
 // Deregister drops every region this client registered; stored keys stay.
 // Call it only when no transfer naming those regions is outstanding.
-func (c *Conn) Deregister(ctx context.Context) error {
+func (c *Conn) Deregister(ctx context.Context) error { return c.DeregisterClient(ctx, c.clientID) }
+
+// DeregisterClient is Deregister for another connection's client id: a
+// connection whose transport was lost (it never redials) is deregistered
+// through another one to the same path, in case the same server lives on.
+func (c *Conn) DeregisterClient(ctx context.Context, clientID string) error {
 	const op = "DeregisterMemory"
 	if err := c.usable(op); err != nil {
 		return err
 	}
-	if _, err := c.raw.DeregisterMemory(ctx, &umbppb.DeregisterMemoryRequest{ClientId: c.clientID}); err != nil {
+	if _, err := c.raw.DeregisterMemory(ctx, &umbppb.DeregisterMemoryRequest{ClientId: clientID}); err != nil {
 		return c.rpcError(ctx, op, err)
 	}
 	return nil

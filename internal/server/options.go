@@ -11,6 +11,7 @@ package server
 import (
 	"context"
 	"log/slog"
+	"net"
 	"time"
 
 	"google.golang.org/grpc"
@@ -80,6 +81,10 @@ type Options struct {
 	// UnaryInterceptor, when set, wraps every gRPC handler (fault injection,
 	// counting).
 	UnaryInterceptor grpc.UnaryServerInterceptor
+	// WrapConn, when set, wraps each accepted gRPC connection once its
+	// peer's credentials are read (a test closes them to cut clients off
+	// while the server lives on).
+	WrapConn func(net.Conn) net.Conn
 	// FDGate, when set, runs before each fd-handoff connection is served; a
 	// non-nil error answers the registration with -1. Its context ends when
 	// the server closes, and it must return then: Close waits for it.

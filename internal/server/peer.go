@@ -140,18 +140,23 @@ func (peerAuth) AuthType() string { return "unix-peercred" }
 // connection stays plaintext, as with insecure credentials, so every client
 // that speaks to MORI's server speaks to this one) and record the peer's
 // SO_PEERCRED, so that a GPU registration can name the process it belongs to.
-type peerCreds struct{}
+type peerCreds struct {
+	wrap func(net.Conn) net.Conn // Options.WrapConn
+}
 
 func (peerCreds) ClientHandshake(_ context.Context, _ string, c net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	return c, peerAuth{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}}, nil
 }
 
-func (peerCreds) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
+func (p peerCreds) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	a := peerAuth{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}}
 	if uc, ok := c.(*net.UnixConn); ok {
 		if cred, err := peerCred(uc); err == nil {
 			a.cred = cred
 		}
+	}
+	if p.wrap != nil {
+		c = p.wrap(c)
 	}
 	return c, a, nil
 }
@@ -160,7 +165,7 @@ func (peerCreds) Info() credentials.ProtocolInfo {
 	return credentials.ProtocolInfo{SecurityProtocol: "insecure"}
 }
 
-func (peerCreds) Clone() credentials.TransportCredentials { return peerCreds{} }
+func (p peerCreds) Clone() credentials.TransportCredentials { return p }
 
 func (peerCreds) OverrideServerName(string) error { return nil }
 

@@ -152,7 +152,7 @@ func New(opts Options) (*Server, error) {
 
 	gopts := []grpc.ServerOption{
 		// Plaintext as before; records each connection's SO_PEERCRED.
-		grpc.Creds(peerCreds{}),
+		grpc.Creds(peerCreds{wrap: opts.WrapConn}),
 		grpc.MaxRecvMsgSize(MaxMessageSize),
 		grpc.MaxSendMsgSize(MaxMessageSize),
 		// Calls are served by a fixed set of goroutines rather than one

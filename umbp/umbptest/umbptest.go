@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path"
 	"path/filepath"
@@ -65,6 +66,31 @@ type Server struct {
 // releases every handler of it that is stalled.
 type generation struct {
 	done chan struct{}
+
+	mu    sync.Mutex
+	conns map[*genConn]struct{} // its open gRPC connections
+}
+
+// genConn is a gRPC connection a generation accepted; it leaves the
+// generation's set when gRPC closes it.
+type genConn struct {
+	net.Conn
+	gen *generation
+}
+
+func (c *genConn) Close() error {
+	c.gen.mu.Lock()
+	delete(c.gen.conns, c)
+	c.gen.mu.Unlock()
+	return c.Conn.Close()
+}
+
+func (g *generation) track(c net.Conn) net.Conn {
+	t := &genConn{Conn: c, gen: g}
+	g.mu.Lock()
+	g.conns[t] = struct{}{}
+	g.mu.Unlock()
+	return t
 }
 
 // NewServer starts a server as Start does and registers Close with
@@ -124,7 +150,7 @@ func shortTempDir() (string, error) {
 
 // start runs a new generation at the server's path. s.mu must not be held.
 func (s *Server) start() error {
-	gen := &generation{done: make(chan struct{})}
+	gen := &generation{done: make(chan struct{}), conns: map[*genConn]struct{}{}}
 	logger := s.opts.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -142,7 +168,8 @@ func (s *Server) start() error {
 			}
 			return handler(ctx, req)
 		},
-		FDGate: func(ctx context.Context) error { return s.faults.enter(ctx, gen.done, FDHandoff) },
+		FDGate:   func(ctx context.Context) error { return s.faults.enter(ctx, gen.done, FDHandoff) },
+		WrapConn: gen.track,
 	})
 	if err != nil {
 		return err
@@ -230,6 +257,28 @@ func (s *Server) Restart() error {
 		return fmt.Errorf("umbptest: close before restart: %w", errClose)
 	}
 	return nil
+}
+
+// DropConnections cuts every client's gRPC connection while the server
+// lives on with its pool and registrations: what a client sees of a
+// transport that failed under a server that did not. Connections made
+// after it are served as usual.
+func (s *Server) DropConnections() {
+	s.mu.Lock()
+	gen := s.gen
+	s.mu.Unlock()
+	if gen == nil {
+		return
+	}
+	gen.mu.Lock()
+	conns := make([]*genConn, 0, len(gen.conns))
+	for c := range gen.conns {
+		conns = append(conns, c)
+	}
+	gen.mu.Unlock()
+	for _, c := range conns {
+		_ = c.Close()
+	}
 }
 
 // Close stops the server: stalled handlers are released with an error,

@@ -332,3 +332,40 @@ func TestWaitCalls(t *testing.T) {
 	srv.Resume("Ping")
 	<-done
 }
+
+// TestDropConnections: a stalled call is cut off with its transport, but
+// the server lives on: a client that connects again finds its object and
+// its registration.
+func TestDropConnections(t *testing.T) {
+	s := umbptest.NewServer(t, umbptest.Options{Capacity: 1 << 20})
+	c := client(t, s)
+	m := newMemfd(t, 8192)
+	register(t, s, c, m, "w")
+	if r, err := c.Put(ctxT(t, 10*time.Second), &umbppb.PutRequest{Key: "k", ClientId: "w", Size: 4096, RegionBase: m.base}); err != nil || !r.Ok {
+		t.Fatalf("Put = %v, %v", r, err)
+	}
+	s.Stall("Exists")
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Exists(ctxT(t, 30*time.Second), &umbppb.KeyRequest{Key: "k"})
+		done <- err
+	}()
+	waitCalls(t, s, "Exists", 1)
+	s.DropConnections()
+	select {
+	case err := <-done:
+		if status.Code(err) != codes.Unavailable {
+			t.Fatalf("call in flight across DropConnections: %v, want Unavailable", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("DropConnections did not cut off a call in flight")
+	}
+	s.Resume("Exists")
+	r, err := c.Exists(ctxT(t, 20*time.Second), &umbppb.KeyRequest{Key: "k"}, grpc.WaitForReady(true))
+	if err != nil || !r.Ok {
+		t.Fatalf("Exists after DropConnections = %v, %v; want a hit", r, err)
+	}
+	if st := s.Stats(); st.Objects != 1 || st.Regions != 1 || st.Clients != 1 {
+		t.Fatalf("state after DropConnections: %+v", st)
+	}
+}
