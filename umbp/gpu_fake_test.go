@@ -382,8 +382,8 @@ func TestAfterStreamNeverReached(t *testing.T) {
 	if st := srv.Stats(); st.Objects != 0 {
 		t.Fatalf("%d objects stored; the store must not reach the server", st.Objects)
 	}
-	if st := w.Stats(); st.TransfersBlocked != 0 {
-		t.Fatalf("%d transfers blocked after a late stream", st.TransfersBlocked)
+	if st := w.Stats(); st.Transfers.Blocked != 0 {
+		t.Fatalf("%d transfers blocked after a late stream", st.Transfers.Blocked)
 	}
 
 	t.Setenv("UMBP_FAKE_EVENTS_PENDING", "")

@@ -39,7 +39,7 @@ type WorkerHandle struct {
 
 	refusals logLimiter
 	failures logLimiter
-	stats    counters
+	stats    transferCounters
 	jobs     *jobSet // submitted and not yet ended
 
 	regions *regionSet
@@ -153,9 +153,8 @@ func (w *WorkerHandle) State() HandleState { return HandleState(w.link.state.Loa
 
 // Stats returns a snapshot of the handle's health and counters.
 func (w *WorkerHandle) Stats() Stats {
-	s := Stats{State: w.State(), Capabilities: w.link.capabilities(), Reconnects: w.link.reconnects.Load()}
-	w.stats.fill(&s)
-	s.TransfersBlocked = int(w.jobs.blocked.Load())
+	s := Stats{State: w.State(), Capabilities: w.link.capabilities(), Reconnects: w.link.reconnects.Load(), Transfers: w.stats.snapshot()}
+	s.Transfers.Blocked = int(w.jobs.blocked.Load())
 	return s
 }
 
@@ -418,11 +417,12 @@ func (w *WorkerHandle) isClosed() bool {
 // refuses to close) and Close returns ErrBuffersAbandoned naming them — the
 // engine must not free that memory. Once those transfers have ended (the
 // server answered, or its process exited) the handle deregisters the
-// buffers and gives them back: a HostBuffer closes again, and Stats'
-// AbandonedBytes falls to zero. Otherwise the handle deregisters its memory
-// and closes its connection at once, on a goroutine bounded by Timeout,
-// abandoning the buffers the same way if that does not return. A failed
-// deregistration is logged, not returned: the server may be gone.
+// buffers and gives them back: a HostBuffer closes again, and
+// Stats().Transfers.AbandonedBytes falls to zero. Otherwise the handle
+// deregisters its memory and closes its connection at once, on a goroutine
+// bounded by Timeout, abandoning the buffers the same way if that does not
+// return. A failed deregistration is logged, not returned: the server may be
+// gone.
 func (w *WorkerHandle) Close() error {
 	w.mu.Lock()
 	if w.closed {
