@@ -286,11 +286,12 @@ func (w *WorkerHandle) Store(plans []BlockTransferPlan, opts ...TransferOption) 
 }
 
 // Load loads the plans' blocks from the pool into the plans' memory and
-// returns at once, under the same rules as Store. A key the pool lacks fails
-// (a miss); its siblings still load. The destination memory must not be
-// used until the job ends.
-func (w *WorkerHandle) Load(plans []BlockTransferPlan) *TransferJob {
-	return w.submit(kindLoad, slices.Clone(plans), nil, nil, false) // the caller may reuse its slice
+// returns at once, under the same rules as Store, with the same options
+// ([AfterStream]: wait for the engine's stream before writing the
+// destination). A key the pool lacks fails (a miss); its siblings still
+// load. The destination memory must not be used until the job ends.
+func (w *WorkerHandle) Load(plans []BlockTransferPlan, opts ...TransferOption) *TransferJob {
+	return w.submit(kindLoad, slices.Clone(plans), opts, nil, false) // the caller may reuse its slice
 }
 
 // StoreBlocks is Store on the bulk path: each plan names a block (Key,
@@ -326,10 +327,10 @@ func (w *WorkerHandle) StoreBlocks(plans []BlockTransferPlan, opts ...TransferOp
 }
 
 // LoadBlocks is Load on the bulk path, for a columnar batch, under the same
-// rules as StoreBlocks. A batch that fails [BlockLoadBatch.Validate]
-// (columns of different lengths, an empty key, a negative ID) is refused as
-// a whole (ErrInvalidPlan).
-func (w *WorkerHandle) LoadBlocks(batch BlockLoadBatch) (*TransferJob, error) {
+// rules as StoreBlocks and with the same options. A batch that fails
+// [BlockLoadBatch.Validate] (columns of different lengths, an empty key, a
+// negative ID) is refused as a whole (ErrInvalidPlan).
+func (w *WorkerHandle) LoadBlocks(batch BlockLoadBatch, opts ...TransferOption) (*TransferJob, error) {
 	if w.planner == nil {
 		return nil, errNoLayout
 	}
@@ -337,7 +338,7 @@ func (w *WorkerHandle) LoadBlocks(batch BlockLoadBatch) (*TransferJob, error) {
 		return nil, err
 	}
 	plans, bad := batch.planRows(w.planner)
-	return w.submit(kindLoad, plans, nil, bad, true), nil
+	return w.submit(kindLoad, plans, opts, bad, true), nil
 }
 
 // errNoLayout refuses the bulk path on a handle created without a layout.
