@@ -114,7 +114,7 @@ func TestClusterLookups(t *testing.T) {
 		t.Errorf("Lookup(nil) = %v", got)
 	}
 	s := h.Stats()
-	if s.State != umbp.StateConnected || s.Capabilities.Mode != umbp.MasterMode || !s.Capabilities.Ready || s.Lookups != 2 || s.Hits != 6 || s.Misses != 4 {
+	if s.State != umbp.StateConnected || s.Capabilities.Mode != umbp.MasterMode || !s.Capabilities.Ready || s.Lookups.Calls != 2 || s.Lookups.Hits != 6 || s.Lookups.Misses != 4 {
 		t.Errorf("Stats = %+v", s)
 	}
 	caps, err := h.Ping(ctx)
@@ -163,8 +163,8 @@ func TestClusterStalledMasterMissesThenFailsFast(t *testing.T) {
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("stalled lookup took %v", d)
 	}
-	if h.Stats().Timeouts != 1 {
-		t.Errorf("Timeouts = %d, want 1", h.Stats().Timeouts)
+	if h.Stats().Lookups.Timeouts != 1 {
+		t.Errorf("Timeouts = %d, want 1", h.Stats().Lookups.Timeouts)
 	}
 	for range 10 {
 		if h.LookupPrefix(ctx, []string{"a"}) != 0 || h.Lookup(ctx, []string{"a"})[0] {
@@ -174,8 +174,8 @@ func TestClusterStalledMasterMissesThenFailsFast(t *testing.T) {
 	if got := m.Calls("BatchLookup"); got != before+1 {
 		t.Fatalf("master saw %d lookups during the stall, want 1: later calls must fail fast", got-before)
 	}
-	if h.Stats().Timeouts != 1 {
-		t.Errorf("fail-fast calls counted as timeouts: %d", h.Stats().Timeouts)
+	if h.Stats().Lookups.Timeouts != 1 {
+		t.Errorf("fail-fast calls counted as timeouts: %d", h.Stats().Lookups.Timeouts)
 	}
 	m.Resume()
 	waitFor(t, "a hit after the master resumed", func() bool { return h.Lookup(ctx, []string{"a"})[0] })
@@ -382,7 +382,7 @@ func TestClusterBadAnswersAreMisses(t *testing.T) {
 	if got := h.Lookup(ctx, []string{"a"}); got[0] {
 		t.Error("hit from a bad BatchLookup answer")
 	}
-	if h.Stats().Failures == 0 {
+	if h.Stats().Lookups.Failures == 0 {
 		t.Error("bad answers not counted as failures")
 	}
 }
@@ -467,7 +467,7 @@ func TestClusterReplyBound(t *testing.T) {
 	if got := h.Lookup(context.Background(), []string{"a"}); len(got) != 1 || got[0] {
 		t.Fatalf("Lookup = %v; want one miss", got)
 	}
-	if h.Stats().Failures != 1 || h.State() != umbp.StateConnected {
+	if h.Stats().Lookups.Failures != 1 || h.State() != umbp.StateConnected {
 		t.Errorf("stats %+v", h.Stats())
 	}
 }

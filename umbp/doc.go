@@ -45,8 +45,9 @@
 //	ErrCancelled         the job was withdrawn before it started      nothing was touched
 //	ErrBuffersInUse      Wait: the job is past its deadline (or ctx   do not reuse or free its memory; new
 //	                     ended) and the server may still use it       transfers are refused until it returns
-//	ErrBuffersAbandoned  Close left buffers registered behind a       keep the memory until Stats' AbandonedBytes
-//	                     transfer still in flight                     is zero (HostBuffer.Close then succeeds)
+//	ErrBuffersAbandoned  Close left buffers registered behind a       keep the memory until its Stats say
+//	                     transfer still in flight                     Transfers.AbandonedBytes is zero
+//	                                                                  (HostBuffer.Close then succeeds)
 //	ErrClosed            the handle was closed                        nothing to do
 //	ErrNotSupported      no GPU runtime, or a server without ranged   register host memory, or use another server
 //	                     I/O for GPU memory

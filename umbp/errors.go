@@ -46,8 +46,8 @@ var (
 	// ErrBuffersAbandoned means a handle was closed while a transfer was
 	// still in flight (or deregistration did not return): its registered
 	// memory stays registered and must not be freed until the transfers
-	// that held it have ended and the handle has deregistered it; Stats'
-	// AbandonedBytes counts what is still held.
+	// that held it have ended and the handle has deregistered it;
+	// Stats().Transfers.AbandonedBytes counts what is still held.
 	ErrBuffersAbandoned = errors.New("buffers abandoned to a server that may still use them")
 	// ErrNotSupported means the operation needs something this host or
 	// server lacks: a GPU runtime, or a server with ranged I/O.

@@ -210,8 +210,8 @@ func TestAbandonedBuffersComeBack(t *testing.T) {
 	if err := w.Close(); !errors.Is(err, umbp.ErrBuffersAbandoned) {
 		t.Fatalf("Close = %v, want ErrBuffersAbandoned", err)
 	}
-	if s := w.Stats(); s.AbandonedBuffers != 1 || s.AbandonedBytes != 1<<16 {
-		t.Fatalf("Stats: %d buffers, %d bytes abandoned; want 1 and %d", s.AbandonedBuffers, s.AbandonedBytes, 1<<16)
+	if s := w.Stats(); s.Transfers.AbandonedBuffers != 1 || s.Transfers.AbandonedBytes != 1<<16 {
+		t.Fatalf("Stats: %d buffers, %d bytes abandoned; want 1 and %d", s.Transfers.AbandonedBuffers, s.Transfers.AbandonedBytes, 1<<16)
 	}
 	if err := buf.Close(); !errors.Is(err, umbp.ErrBuffersAbandoned) {
 		t.Fatalf("HostBuffer.Close while abandoned = %v, want ErrBuffersAbandoned", err)
@@ -219,9 +219,9 @@ func TestAbandonedBuffersComeBack(t *testing.T) {
 	p.signal(syscall.SIGCONT)
 	stopped = false
 	awaitEnd(t, job)
-	waitFor(t, "the abandoned buffer to come back", func() bool { return w.Stats().AbandonedBytes == 0 })
-	if s := w.Stats(); s.AbandonedBuffers != 0 {
-		t.Fatalf("Stats: %d buffers still abandoned", s.AbandonedBuffers)
+	waitFor(t, "the abandoned buffer to come back", func() bool { return w.Stats().Transfers.AbandonedBytes == 0 })
+	if s := w.Stats(); s.Transfers.AbandonedBuffers != 0 {
+		t.Fatalf("Stats: %d buffers still abandoned", s.Transfers.AbandonedBuffers)
 	}
 	if err := buf.Close(); err != nil {
 		t.Fatalf("HostBuffer.Close after the store ended = %v", err)

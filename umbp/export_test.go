@@ -20,6 +20,16 @@ func SetGPURuntime(rt *hip.Runtime, err error) (restore func()) {
 	}
 }
 
+// SetStreamPendingHook makes f run each time a transfer finds that the
+// engine's stream has not reached its AfterStream event yet, until restore
+// is called. Set it before the transfers it watches are submitted, and
+// restore it once they have ended.
+func SetStreamPendingHook(f func()) (restore func()) {
+	old := testHookStreamPending
+	testHookStreamPending = f
+	return func() { testHookStreamPending = old }
+}
+
 // SetStoreRetryBackoff makes stores pause for d before their retries until
 // restore is called.
 func SetStoreRetryBackoff(d []time.Duration) (restore func()) {

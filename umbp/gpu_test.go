@@ -418,8 +418,10 @@ func pinnedHost(t *testing.T, rt *hip.Runtime, size int, pin bool) ([]byte, uint
 }
 
 // TestGPUAfterStream stores memory that an asynchronous copy on the
-// engine's stream is still filling: AfterStream makes the store read it
-// only once the copy is done.
+// engine's stream is still filling, and loads into memory that copies on
+// the stream are still reading: AfterStream makes the store read its source
+// only once the copy is done, and the load write its destination only once
+// the reads are.
 func TestGPUAfterStream(t *testing.T) { scenarioAfterStream(t, realGPU(t)) }
 
 func scenarioAfterStream(t *testing.T, e gpuEnv) {
@@ -436,6 +438,7 @@ func scenarioAfterStream(t *testing.T, e gpuEnv) {
 	}
 	host, hp := pinnedHost(t, rt, int(size), true)
 	copy(host, gpuPattern(int(size), 0x5a))
+	seen, sp := pinnedHost(t, rt, int(size), true) // what the stream reads of the load's destination
 	s, err := rt.StreamCreate(dev)
 	if err != nil {
 		t.Fatal(err)
@@ -456,9 +459,24 @@ func scenarioAfterStream(t *testing.T, e gpuEnv) {
 		if err := rt.StreamSynchronize(dev, s); err != nil {
 			t.Fatal(err)
 		}
+		// Queue copies out of the cleared destination (the same bytes four
+		// times over), then the load into it at once: the copies must read
+		// zeros, not the loaded bytes.
 		dst := gpuPlan(k, gpuSpan{a + uintptr(size), size})
 		clearPlans(t, rt, dev, []umbp.BlockTransferPlan{dst})
-		gpuWantCompleted(t, w, w.Load([]umbp.BlockTransferPlan{dst}), "load")
+		copy(seen, gpuPattern(int(size), 0xa5))
+		for range 4 {
+			if err := rt.MemcpyAsync(dev, sp, a+uintptr(size), size, hip.MemcpyDeviceToHost, s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		gpuWantCompleted(t, w, w.Load([]umbp.BlockTransferPlan{dst}, umbp.AfterStream(dev, uintptr(s))), "load after the stream")
+		if err := rt.StreamSynchronize(dev, s); err != nil {
+			t.Fatal(err)
+		}
+		if i := slices.IndexFunc(seen, func(b byte) bool { return b != 0 }); i >= 0 {
+			t.Fatalf("round %d: the stream read the destination's byte %d as %#x: the load wrote it before the stream was done", round, i, seen[i])
+		}
 		checkPlans(t, rt, dev, []umbp.BlockTransferPlan{dst}, map[string][]byte{k: host})
 		// Scramble the source for the next round.
 		if err := rt.CopyToDevice(dev, a, make([]byte, size)); err != nil {

@@ -549,7 +549,7 @@ func (e *hostileEnv) checkLookups(t *testing.T, sc hostileScript) {
 	ctx := context.Background()
 	keys := hostileKeys
 	n := len(keys)
-	timeouts := func() uint64 { return e.sched.Stats().Timeouts }
+	timeouts := func() uint64 { return e.sched.Stats().Lookups.Timeouts }
 
 	before := timeouts()
 	start := time.Now()

@@ -8,7 +8,7 @@ import (
 )
 
 // newTestSet is a job set of its own for a test's jobs.
-func newTestSet() *jobSet { return newJobSet(&counters{}) }
+func newTestSet() *jobSet { return newJobSet(&transferCounters{}) }
 
 // queuedJob is a job handed to no transfer goroutine but queued, as submit
 // leaves it.

@@ -11,14 +11,14 @@ import (
 // many of them are blocked, and the job counters. A job tells the set it
 // belongs to of its own transitions (job.go); the handle reads the set.
 type jobSet struct {
-	stats   *counters
+	stats   *transferCounters
 	blocked atomic.Int64 // jobs in phaseBlocked
 
 	mu   sync.Mutex
 	jobs map[*TransferJob]struct{}
 }
 
-func newJobSet(stats *counters) *jobSet {
+func newJobSet(stats *transferCounters) *jobSet {
 	return &jobSet{stats: stats, jobs: map[*TransferJob]struct{}{}}
 }
 

@@ -133,7 +133,7 @@ func TestReconnectingRefusesAtOnce(t *testing.T) {
 		waitReconnects(t, s, 1)
 	}
 	storeLoad(t, a, b, "p3", 4, 8)
-	if s := a.w.Stats(); s.Reconnects != 1 || s.TransfersRefused == 0 || s.TransfersCompleted < 2 {
+	if s := a.w.Stats(); s.Reconnects != 1 || s.Transfers.Refused == 0 || s.Transfers.Completed < 2 {
 		t.Fatalf("stats after restart: %+v", s)
 	}
 }

@@ -43,7 +43,7 @@ type SchedulerHandle struct {
 	closeTimeout time.Duration
 	what         string // "UMBP standalone" or "UMBP master", for logs
 	failures     logLimiter
-	stats        counters
+	stats        lookupCounters
 	quarantine   *quarantine // nil: off
 
 	mu sync.Mutex
@@ -181,9 +181,7 @@ func (h *SchedulerHandle) State() HandleState { return h.backend.state() }
 
 // Stats returns a snapshot of the handle's health and counters.
 func (h *SchedulerHandle) Stats() Stats {
-	s := Stats{State: h.State(), Capabilities: h.backend.capabilities(), Reconnects: h.backend.reconnects()}
-	h.stats.fill(&s)
-	return s
+	return Stats{State: h.State(), Capabilities: h.backend.capabilities(), Reconnects: h.backend.reconnects(), Lookups: h.stats.snapshot()}
 }
 
 // Lookup reports, for each key, whether the pool holds it. It returns one

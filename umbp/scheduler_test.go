@@ -341,8 +341,8 @@ func TestSchedulerTakeoverWhileStuck(t *testing.T) {
 	for range 5 {
 		h.Lookup(context.Background(), []string{"k"})
 	}
-	if after := h.Stats(); after.Failures != before.Failures || after.Timeouts != before.Timeouts {
+	if after := h.Stats(); after.Lookups.Failures != before.Lookups.Failures || after.Lookups.Timeouts != before.Lookups.Timeouts {
 		t.Fatalf("lookups after the takeover still fail: failures %d->%d, timeouts %d->%d",
-			before.Failures, after.Failures, before.Timeouts, after.Timeouts)
+			before.Lookups.Failures, after.Lookups.Failures, before.Lookups.Timeouts, after.Lookups.Timeouts)
 	}
 }

@@ -856,10 +856,10 @@ func TestSoak(t *testing.T) {
 	for _, e := range engines {
 		st := e.w.Stats()
 		hs = append(hs, fmt.Sprintf("%s: reconnects %d, submitted %d, completed %d, failed %d, refused %d, abandoned %d",
-			e.name, st.Reconnects, st.TransfersSubmitted, st.TransfersCompleted, st.TransfersFailed, st.TransfersRefused, st.AbandonedBuffers))
+			e.name, st.Reconnects, st.Transfers.Submitted, st.Transfers.Completed, st.Transfers.Failed, st.Transfers.Refused, st.Transfers.AbandonedBuffers))
 	}
 	st := sched.Stats()
-	hs = append(hs, fmt.Sprintf("scheduler: reconnects %d, lookups %d, timeouts %d, failures %d", st.Reconnects, st.Lookups, st.Timeouts, st.Failures))
+	hs = append(hs, fmt.Sprintf("scheduler: reconnects %d, lookups %d, timeouts %d, failures %d", st.Reconnects, st.Lookups.Calls, st.Lookups.Timeouts, st.Lookups.Failures))
 	t.Logf("soak handles: %s", strings.Join(hs, "; "))
 
 	for _, e := range s.errs {

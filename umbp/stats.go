@@ -3,29 +3,37 @@ package umbp
 import "sync/atomic"
 
 // Stats is a snapshot of a handle's health: its state, what the server
-// offers, and counters since the handle was created. Counters that do not
-// apply to a handle's kind stay zero.
+// offers, and its counters since the handle was created. Both kinds of
+// handle return it; each fills only its own group of counters (Lookups on a
+// scheduler handle, Transfers on a worker handle) and leaves the other zero.
 type Stats struct {
 	State        HandleState
 	Capabilities ServerCapabilities
-	// Reconnects counts attachments to a new server after the first.
-	Reconnects uint64
+	Reconnects   uint64 // attachments to a new server after the first
 
-	// Scheduler handles.
-	Lookups  uint64 // Lookup and LookupPrefix calls that asked about keys
+	Lookups   LookupStats   // a scheduler handle's; zero on a worker handle
+	Transfers TransferStats // a worker handle's; zero on a scheduler handle
+}
+
+// LookupStats are a scheduler handle's counters.
+type LookupStats struct {
+	Calls    uint64 // Lookup, LookupPrefix and Score calls that asked about keys
 	Hits     uint64 // keys answered present
 	Misses   uint64 // keys answered absent, including failed calls' keys
 	Timeouts uint64 // calls that got no reply within LookupTimeout
 	Failures uint64 // calls that failed or were refused (not timeouts)
+}
 
-	// Worker handles.
-	TransfersSubmitted uint64 // jobs handed to the transfer goroutines
-	TransfersCompleted uint64 // jobs that ended COMPLETED
-	TransfersFailed    uint64 // jobs that ended FAILED or CANCELLED after submission
-	TransfersRefused   uint64 // jobs failed as not attempted before submission
-	TransfersBlocked   int    // transfers past their deadline on the current server: new ones are refused meanwhile
-	BytesStored        uint64 // object bytes of keys stored
-	BytesLoaded        uint64 // object bytes of keys loaded
+// TransferStats are a worker handle's counters, and its blocked and
+// abandoned gauges.
+type TransferStats struct {
+	Submitted   uint64 // jobs handed to the transfer goroutines
+	Completed   uint64 // jobs that ended COMPLETED
+	Failed      uint64 // jobs that ended FAILED or CANCELLED after submission
+	Refused     uint64 // jobs failed as not attempted before submission
+	Blocked     int    // transfers past their deadline on the current server: new ones are refused meanwhile
+	BytesStored uint64 // object bytes of keys stored
+	BytesLoaded uint64 // object bytes of keys loaded
 	// AbandonedBuffers and AbandonedBytes are the buffers (and the bytes of
 	// their registered regions) that Close left registered because
 	// transfers still held them; they fall back to zero once those
@@ -34,26 +42,38 @@ type Stats struct {
 	AbandonedBytes   uint64
 }
 
-// counters are a handle's live counters.
-type counters struct {
+// lookupCounters are a scheduler handle's live counters.
+type lookupCounters struct {
 	lookups, hits, misses, timeouts, failures atomic.Uint64
-	submitted, completed, failed, refused     atomic.Uint64
-	bytesStored, bytesLoaded                  atomic.Uint64
-	abandoned, abandonedBytes                 atomic.Int64
 }
 
-func (c *counters) fill(s *Stats) {
-	s.Lookups = c.lookups.Load()
-	s.Hits = c.hits.Load()
-	s.Misses = c.misses.Load()
-	s.Timeouts = c.timeouts.Load()
-	s.Failures = c.failures.Load()
-	s.TransfersSubmitted = c.submitted.Load()
-	s.TransfersCompleted = c.completed.Load()
-	s.TransfersFailed = c.failed.Load()
-	s.TransfersRefused = c.refused.Load()
-	s.BytesStored = c.bytesStored.Load()
-	s.BytesLoaded = c.bytesLoaded.Load()
-	s.AbandonedBuffers = int(c.abandoned.Load())
-	s.AbandonedBytes = uint64(c.abandonedBytes.Load())
+func (c *lookupCounters) snapshot() LookupStats {
+	return LookupStats{
+		Calls:    c.lookups.Load(),
+		Hits:     c.hits.Load(),
+		Misses:   c.misses.Load(),
+		Timeouts: c.timeouts.Load(),
+		Failures: c.failures.Load(),
+	}
+}
+
+// transferCounters are a worker handle's live counters (the blocked count
+// is its jobSet's).
+type transferCounters struct {
+	submitted, completed, failed, refused atomic.Uint64
+	bytesStored, bytesLoaded              atomic.Uint64
+	abandoned, abandonedBytes             atomic.Int64
+}
+
+func (c *transferCounters) snapshot() TransferStats {
+	return TransferStats{
+		Submitted:        c.submitted.Load(),
+		Completed:        c.completed.Load(),
+		Failed:           c.failed.Load(),
+		Refused:          c.refused.Load(),
+		BytesStored:      c.bytesStored.Load(),
+		BytesLoaded:      c.bytesLoaded.Load(),
+		AbandonedBuffers: int(c.abandoned.Load()),
+		AbandonedBytes:   uint64(c.abandonedBytes.Load()),
+	}
 }

@@ -8,10 +8,11 @@ import (
 	"github.com/umbp-go/umbp-go/internal/hip"
 )
 
-// A store may wait, before it reads its source, for the work queued so far
-// on the engine's GPU stream (AfterStream): an event recorded when the store
-// is submitted, polled by the transfer until the stream has reached it or
-// the transfer's deadline has passed.
+// A transfer may wait, before it touches the plans' memory (a store's source,
+// a load's destination), for the work queued so far on the engine's GPU
+// stream (AfterStream): an event recorded when the transfer is submitted,
+// polled by the transfer until the stream has reached it or the transfer's
+// deadline has passed.
 
 // streamDep is an AfterStream dependency.
 type streamDep struct {
@@ -19,19 +20,22 @@ type streamDep struct {
 	stream uintptr
 }
 
-// AfterStream makes a store wait, before it reads the source memory, for the
-// work queued so far on the engine's GPU stream (a HIP or CUDA stream
-// handle on device; 0 is the default stream): an event is recorded on the
-// stream when the store is submitted, and the transfer waits for it. A
-// stream that has not got there within Config.Timeout of the transfer's
-// start fails the store as not attempted, having sent nothing. Without a GPU
-// runtime the store fails as not attempted.
+// AfterStream makes a transfer wait, before it touches the plans' memory,
+// for the work queued so far on the engine's GPU stream (a HIP or CUDA
+// stream handle on device; 0 is the default stream): a store reads its
+// source only once the kernels queued before it have written it, and a load
+// writes its destination only once the kernels queued before it have
+// finished reading it. An event is recorded on the stream when the transfer
+// is submitted, and the transfer waits for it. A stream that has not got
+// there within Config.Timeout of the transfer's start fails the transfer as
+// not attempted, having sent nothing (a load's destination is untouched).
+// Without a GPU runtime the transfer fails as not attempted.
 func AfterStream(device int, stream uintptr) TransferOption {
 	return func(o *transferOptions) { o.stream = &streamDep{device: device, stream: stream} }
 }
 
 // streamEvent is an AfterStream dependency in flight: an event recorded on
-// the engine's stream when the store was submitted.
+// the engine's stream when the transfer was submitted.
 type streamEvent struct {
 	rt  *hip.Runtime
 	dep streamDep
@@ -40,8 +44,9 @@ type streamEvent struct {
 }
 
 // streamBarrier records the AfterStream event, if any. The transfer calls
-// wait before it reads the source memory; the job releases the event in
-// every case.
+// wait before it sends anything, and so before the server or a staging copy
+// touches the plans' memory (a store's source, a load's destination); the
+// job releases the event in every case.
 func (w *WorkerHandle) streamBarrier(o transferOptions) (*streamEvent, error) {
 	if o.stream == nil {
 		return nil, nil
@@ -66,7 +71,7 @@ func (w *WorkerHandle) streamBarrier(o transferOptions) (*streamEvent, error) {
 // wait returns once the engine's stream has reached the event, or with an
 // error when deadline passes first. It polls rather than blocks in the
 // runtime, so a stream that never gets there (a hung kernel) holds the
-// transfer goroutine until the deadline only, and the store fails having
+// transfer goroutine until the deadline only, and the transfer fails having
 // sent nothing.
 func (e *streamEvent) wait(deadline time.Time) error {
 	pause := streamPollMin
@@ -78,6 +83,9 @@ func (e *streamEvent) wait(deadline time.Time) error {
 		if done {
 			return nil
 		}
+		if testHookStreamPending != nil {
+			testHookStreamPending()
+		}
 		left := time.Until(deadline)
 		if left <= 0 {
 			return fmt.Errorf("stream %#x of device %d: %w", e.dep.stream, e.dep.device, errStreamLate)
@@ -86,6 +94,10 @@ func (e *streamEvent) wait(deadline time.Time) error {
 		pause = min(2*pause, streamPollMax)
 	}
 }
+
+// testHookStreamPending, when set by a test, runs each time a transfer finds
+// that the engine's stream has not reached its event yet.
+var testHookStreamPending func()
 
 // release destroys the event. The runtimes allow this before the stream has
 // reached it: they free it once it has.

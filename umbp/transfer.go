@@ -10,7 +10,7 @@ import (
 	"github.com/umbp-go/umbp-go/internal/conn"
 )
 
-// TransferOption adjusts one store.
+// TransferOption adjusts one transfer: a store or a load.
 type TransferOption func(*transferOptions)
 
 type transferOptions struct {

@@ -39,7 +39,7 @@ type WorkerHandle struct {
 
 	refusals logLimiter
 	failures logLimiter
-	stats    counters
+	stats    transferCounters
 	jobs     *jobSet // submitted and not yet ended
 
 	regions *regionSet
@@ -160,9 +160,8 @@ func (w *WorkerHandle) State() HandleState { return HandleState(w.link.state.Loa
 
 // Stats returns a snapshot of the handle's health and counters.
 func (w *WorkerHandle) Stats() Stats {
-	s := Stats{State: w.State(), Capabilities: w.link.capabilities(), Reconnects: w.link.reconnects.Load()}
-	w.stats.fill(&s)
-	s.TransfersBlocked = int(w.jobs.blocked.Load())
+	s := Stats{State: w.State(), Capabilities: w.link.capabilities(), Reconnects: w.link.reconnects.Load(), Transfers: w.stats.snapshot()}
+	s.Transfers.Blocked = int(w.jobs.blocked.Load())
 	return s
 }
 
@@ -294,11 +293,12 @@ func (w *WorkerHandle) Store(plans []BlockTransferPlan, opts ...TransferOption) 
 }
 
 // Load loads the plans' blocks from the pool into the plans' memory and
-// returns at once, under the same rules as Store. A key the pool lacks fails
-// (a miss); its siblings still load. The destination memory must not be
-// used until the job ends.
-func (w *WorkerHandle) Load(plans []BlockTransferPlan) *TransferJob {
-	return w.submit(kindLoad, slices.Clone(plans), nil, nil, false) // the caller may reuse its slice
+// returns at once, under the same rules as Store, with the same options
+// ([AfterStream]: wait for the engine's stream before writing the
+// destination). A key the pool lacks fails (a miss); its siblings still
+// load. The destination memory must not be used until the job ends.
+func (w *WorkerHandle) Load(plans []BlockTransferPlan, opts ...TransferOption) *TransferJob {
+	return w.submit(kindLoad, slices.Clone(plans), opts, nil, false) // the caller may reuse its slice
 }
 
 // StoreBlocks is Store on the bulk path: each plan names a block (Key,
@@ -334,10 +334,10 @@ func (w *WorkerHandle) StoreBlocks(plans []BlockTransferPlan, opts ...TransferOp
 }
 
 // LoadBlocks is Load on the bulk path, for a columnar batch, under the same
-// rules as StoreBlocks. A batch that fails [BlockLoadBatch.Validate]
-// (columns of different lengths, an empty key, a negative ID) is refused as
-// a whole (ErrInvalidPlan).
-func (w *WorkerHandle) LoadBlocks(batch BlockLoadBatch) (*TransferJob, error) {
+// rules as StoreBlocks and with the same options. A batch that fails
+// [BlockLoadBatch.Validate] (columns of different lengths, an empty key, a
+// negative ID) is refused as a whole (ErrInvalidPlan).
+func (w *WorkerHandle) LoadBlocks(batch BlockLoadBatch, opts ...TransferOption) (*TransferJob, error) {
 	if w.planner == nil {
 		return nil, errNoLayout
 	}
@@ -345,7 +345,7 @@ func (w *WorkerHandle) LoadBlocks(batch BlockLoadBatch) (*TransferJob, error) {
 		return nil, err
 	}
 	plans, bad := batch.planRows(w.planner)
-	return w.submit(kindLoad, plans, nil, bad, true), nil
+	return w.submit(kindLoad, plans, opts, bad, true), nil
 }
 
 // errNoLayout refuses the bulk path on a handle created without a layout.
@@ -425,11 +425,12 @@ func (w *WorkerHandle) isClosed() bool {
 // refuses to close) and Close returns ErrBuffersAbandoned naming them — the
 // engine must not free that memory. Once those transfers have ended (the
 // server answered, or its process exited) the handle deregisters the
-// buffers and gives them back: a HostBuffer closes again, and Stats'
-// AbandonedBytes falls to zero. Otherwise the handle deregisters its memory
-// and closes its connection at once, on a goroutine bounded by Timeout,
-// abandoning the buffers the same way if that does not return. A failed
-// deregistration is logged, not returned: the server may be gone.
+// buffers and gives them back: a HostBuffer closes again, and
+// Stats().Transfers.AbandonedBytes falls to zero. Otherwise the handle
+// deregisters its memory and closes its connection at once, on a goroutine
+// bounded by Timeout, abandoning the buffers the same way if that does not
+// return. A failed deregistration is logged, not returned: the server may be
+// gone.
 func (w *WorkerHandle) Close() error {
 	w.mu.Lock()
 	if w.closed {

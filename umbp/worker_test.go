@@ -325,7 +325,7 @@ func TestQueuedBehindBlocked(t *testing.T) {
 	if err := a.w.Wait(context.Background(), stuck); !errors.Is(err, umbp.ErrBuffersInUse) {
 		t.Fatalf("Wait of the stuck store = %v, want ErrBuffersInUse", err)
 	}
-	if n := a.w.Stats().TransfersBlocked; n != 1 {
+	if n := a.w.Stats().Transfers.Blocked; n != 1 {
 		t.Fatalf("%d transfers blocked, want 1", n)
 	}
 	if !a.w.Poll(queued1) || queued1.Status() != umbp.JobFailed || !strings.Contains(queued1.Err().Error(), "queued behind a blocked") {

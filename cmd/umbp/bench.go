@@ -291,8 +291,7 @@ func benchWith(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntime
 		res.LookupHits = append(res.LookupHits, held)
 
 		describe(bar, fmt.Sprintf("round %d/%d load", r+1, bc.rounds))
-		load := func(plans []umbp.BlockTransferPlan, _ ...umbp.TransferOption) *umbp.TransferJob { return w.Load(plans) }
-		took, err = transfer(ctx, w, loads, bc.batch, load, bar, bc.objectSize)
+		took, err = transfer(ctx, w, loads, bc.batch, w.Load, bar, bc.objectSize)
 		if err != nil {
 			return res, fmt.Errorf("round %d: load: %w", r+1, err)
 		}

@@ -110,9 +110,9 @@ func answeredWithin(ctx context.Context, c *common, h *umbp.SchedulerHandle, bef
 	switch {
 	case ctx.Err() != nil:
 		return fmt.Errorf("lookup interrupted: %w", ctx.Err())
-	case after.Timeouts > before.Timeouts:
+	case after.Lookups.Timeouts > before.Lookups.Timeouts:
 		return fmt.Errorf("the server did not answer within %v: its answers are not the pool's", timeout)
-	case after.Failures > before.Failures:
+	case after.Lookups.Failures > before.Lookups.Failures:
 		why := "the library logged no reason"
 		if w := c.lib.lastWarning(); w != "" {
 			why = w

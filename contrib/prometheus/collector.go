@@ -9,8 +9,9 @@
 //
 // Every metric carries the label "handle", the name given to Add. Counters
 // are the handle's own since it was created; gauges are read at each
-// scrape. A scheduler handle exports the lookup metrics, a worker handle the
-// transfer metrics, and both the state and reconnect metrics.
+// scrape. A scheduler handle exports the lookup metrics (its
+// Stats.Lookups), a worker handle the transfer metrics (its Stats.Transfers),
+// and both the state and reconnect metrics.
 package umbpprometheus
 
 import (
@@ -125,22 +126,24 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		_, worker := h.(*umbp.WorkerHandle)
 		_, scheduler := h.(*umbp.SchedulerHandle)
 		if !worker {
-			counter(c.lookups, s.Lookups)
-			counter(c.hits, s.Hits)
-			counter(c.misses, s.Misses)
-			counter(c.timeouts, s.Timeouts)
-			counter(c.failures, s.Failures)
+			l := s.Lookups
+			counter(c.lookups, l.Calls)
+			counter(c.hits, l.Hits)
+			counter(c.misses, l.Misses)
+			counter(c.timeouts, l.Timeouts)
+			counter(c.failures, l.Failures)
 		}
 		if !scheduler {
-			counter(c.submitted, s.TransfersSubmitted)
-			counter(c.completed, s.TransfersCompleted)
-			counter(c.failed, s.TransfersFailed)
-			counter(c.refused, s.TransfersRefused)
-			gauge(c.blocked, float64(s.TransfersBlocked))
-			counter(c.bytesStored, s.BytesStored)
-			counter(c.bytesLoaded, s.BytesLoaded)
-			gauge(c.abandonedBufs, float64(s.AbandonedBuffers))
-			gauge(c.abandonedLen, float64(s.AbandonedBytes))
+			x := s.Transfers
+			counter(c.submitted, x.Submitted)
+			counter(c.completed, x.Completed)
+			counter(c.failed, x.Failed)
+			counter(c.refused, x.Refused)
+			gauge(c.blocked, float64(x.Blocked))
+			counter(c.bytesStored, x.BytesStored)
+			counter(c.bytesLoaded, x.BytesLoaded)
+			gauge(c.abandonedBufs, float64(x.AbandonedBuffers))
+			gauge(c.abandonedLen, float64(x.AbandonedBytes))
 		}
 	}
 }

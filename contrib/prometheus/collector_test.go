@@ -152,3 +152,84 @@ umbp_handle_state{handle="worker",state="reconnecting"} 0
 		t.Fatal(err)
 	}
 }
+
+// fixedStats is a StatsSource of neither handle kind: the collector exports
+// both groups of its counters.
+type fixedStats umbp.Stats
+
+func (f fixedStats) Stats() umbp.Stats { return umbp.Stats(f) }
+
+// TestCollectorEveryMetric pins every metric's name, help, labels and the
+// Stats field it reads: each field has a value of its own.
+func TestCollectorEveryMetric(t *testing.T) {
+	c := umbpprometheus.NewCollector()
+	c.Add("h", fixedStats{
+		State:        umbp.StateReconnecting,
+		Capabilities: umbp.ServerCapabilities{RangedIO: true},
+		Reconnects:   3,
+		Lookups:      umbp.LookupStats{Calls: 11, Hits: 12, Misses: 13, Timeouts: 14, Failures: 15},
+		Transfers: umbp.TransferStats{
+			Submitted: 21, Completed: 22, Failed: 23, Refused: 24, Blocked: 25,
+			BytesStored: 26, BytesLoaded: 27, AbandonedBuffers: 28, AbandonedBytes: 29,
+		},
+	})
+	const want = `
+# HELP umbp_abandoned_buffers Buffers that Close left registered because transfers still held them.
+# TYPE umbp_abandoned_buffers gauge
+umbp_abandoned_buffers{handle="h"} 28
+# HELP umbp_abandoned_bytes Bytes of the registered regions of abandoned buffers.
+# TYPE umbp_abandoned_bytes gauge
+umbp_abandoned_bytes{handle="h"} 29
+# HELP umbp_handle_state 1 for the handle's current state (connected, reconnecting or closed), 0 for the others.
+# TYPE umbp_handle_state gauge
+umbp_handle_state{handle="h",state="closed"} 0
+umbp_handle_state{handle="h",state="connected"} 0
+umbp_handle_state{handle="h",state="reconnecting"} 1
+# HELP umbp_loaded_bytes_total Object bytes of keys loaded.
+# TYPE umbp_loaded_bytes_total counter
+umbp_loaded_bytes_total{handle="h"} 27
+# HELP umbp_lookup_failures_total Scheduler calls that failed or were refused (not timeouts).
+# TYPE umbp_lookup_failures_total counter
+umbp_lookup_failures_total{handle="h"} 15
+# HELP umbp_lookup_hits_total Keys answered present.
+# TYPE umbp_lookup_hits_total counter
+umbp_lookup_hits_total{handle="h"} 12
+# HELP umbp_lookup_misses_total Keys answered absent, including the keys of failed calls.
+# TYPE umbp_lookup_misses_total counter
+umbp_lookup_misses_total{handle="h"} 13
+# HELP umbp_lookup_timeouts_total Scheduler calls that got no reply within LookupTimeout.
+# TYPE umbp_lookup_timeouts_total counter
+umbp_lookup_timeouts_total{handle="h"} 14
+# HELP umbp_lookups_total Scheduler calls that asked the server about keys.
+# TYPE umbp_lookups_total counter
+umbp_lookups_total{handle="h"} 11
+# HELP umbp_reconnects_total Attachments to a new server after the first.
+# TYPE umbp_reconnects_total counter
+umbp_reconnects_total{handle="h"} 3
+# HELP umbp_server_ranged_io 1 if the server the handle last attached to takes scatter/gather batches (v2, SSD tier off).
+# TYPE umbp_server_ranged_io gauge
+umbp_server_ranged_io{handle="h"} 1
+# HELP umbp_stored_bytes_total Object bytes of keys stored.
+# TYPE umbp_stored_bytes_total counter
+umbp_stored_bytes_total{handle="h"} 26
+# HELP umbp_transfers_blocked Transfers past their deadline on the current server; new ones are refused meanwhile.
+# TYPE umbp_transfers_blocked gauge
+umbp_transfers_blocked{handle="h"} 25
+# HELP umbp_transfers_completed_total Transfer jobs that ended COMPLETED.
+# TYPE umbp_transfers_completed_total counter
+umbp_transfers_completed_total{handle="h"} 22
+# HELP umbp_transfers_failed_total Transfer jobs that ended FAILED or CANCELLED after submission.
+# TYPE umbp_transfers_failed_total counter
+umbp_transfers_failed_total{handle="h"} 23
+# HELP umbp_transfers_refused_total Transfer jobs failed as not attempted before submission.
+# TYPE umbp_transfers_refused_total counter
+umbp_transfers_refused_total{handle="h"} 24
+# HELP umbp_transfers_submitted_total Transfer jobs handed to the transfer goroutines.
+# TYPE umbp_transfers_submitted_total counter
+umbp_transfers_submitted_total{handle="h"} 21
+`
+	// No names: every metric the collector exports is compared.
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want)); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -60,7 +60,7 @@ func ExampleServer_Stall() {
 	fmt.Println("lookup:", sched.Lookup(ctx, []string{"a"}))
 
 	srv.Stall("BatchExists", "BatchPut")
-	fmt.Println("stalled lookup:", sched.Lookup(ctx, []string{"a"}), "timeouts:", sched.Stats().Timeouts)
+	fmt.Println("stalled lookup:", sched.Lookup(ctx, []string{"a"}), "timeouts:", sched.Stats().Lookups.Timeouts)
 	store := w.Store(plan("b"))
 	err = w.Wait(ctx, store)
 	fmt.Println("stalled store:", errors.Is(err, umbp.ErrBuffersInUse), store.Status())

@@ -1,0 +1,70 @@
+package umbp_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/umbp-go/umbp-go/umbp"
+	"github.com/umbp-go/umbp-go/umbp/umbptest"
+)
+
+// TestStatsGroups: each handle counts in its own group of Stats, each
+// counter of the group where it belongs (every one has a value of its own
+// here), and leaves the other group zero.
+func TestStatsGroups(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	const blockBytes = 4096
+	e := newEngine(t, rt, 1, 8, blockBytes)
+	ctx := context.Background()
+
+	waitJob(t, e.w, e.w.Store(e.plans(t, "s", 0, 1, 2))) // 3 blocks stored
+	load, err := e.w.LoadBlocks(umbp.BlockLoadBatch{Keys: []string{"s-0", "s-1"}, BlockIDs: []int{4, 5}, GroupIDs: []int{0, 0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitJob(t, e.w, load)                              // 2 blocks loaded
+	waitJob(t, e.w, e.w.Load(e.plans(t, "absent", 6))) // a miss: failed
+	outside := []umbp.BlockTransferPlan{{Key: "x", Ranges: []umbp.KVRange{{BaseAddress: 0x1000, Length: 64}}}}
+	refused := e.w.Store(outside) // fails in planning, never submitted
+	waitJob(t, e.w, refused)
+	if refused.Status() != umbp.JobFailed || load.Status() != umbp.JobCompleted {
+		t.Fatalf("jobs: refused %s, load %s", refused.Status(), load.Status())
+	}
+	want := umbp.TransferStats{Submitted: 3, Completed: 2, Failed: 1, Refused: 1, BytesStored: 3 * blockBytes, BytesLoaded: 2 * blockBytes}
+	// A job's counters move just after its Done closes.
+	var got umbp.Stats
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if got = e.w.Stats(); got.Transfers == want {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("worker Transfers = %+v, want %+v", got.Transfers, want)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if got.Lookups != (umbp.LookupStats{}) || got.State != umbp.StateConnected || got.Reconnects != 0 {
+		t.Errorf("worker Stats = %+v; want no lookups, connected, no reconnects", got)
+	}
+
+	sched, err := rt.NewSchedulerHandle(ctx, "test", umbp.RankTopology{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sched.Close()
+	if hits := sched.Lookup(ctx, []string{"s-0", "s-1", "s-2", "absent-6"}); !hits[0] || !hits[1] || !hits[2] || hits[3] {
+		t.Fatalf("Lookup = %v", hits)
+	}
+	if n := sched.LookupPrefix(ctx, []string{"s-0", "absent-6", "s-1"}); n != 1 {
+		t.Fatalf("LookupPrefix = %d, want 1", n)
+	}
+	// LookupPrefix counts the keys after the first absent one as misses.
+	s := sched.Stats()
+	if wantL := (umbp.LookupStats{Calls: 2, Hits: 4, Misses: 3}); s.Lookups != wantL {
+		t.Errorf("scheduler Lookups = %+v, want %+v", s.Lookups, wantL)
+	}
+	if s.Transfers != (umbp.TransferStats{}) {
+		t.Errorf("scheduler Transfers = %+v, want zero", s.Transfers)
+	}
+}
