@@ -400,9 +400,9 @@ func (j *TransferJob) finishLocked() func() {
 	return j.endLocked()
 }
 
-// endLocked moves the job to phaseEnded and returns what to run once the
-// lock is released: telling the job's set, and, for a job that never
-// started, its drop.
+// endLocked moves the job to phaseEnded, counts it, and returns what to run
+// once the lock is released: taking it off the job's set, and, for a job
+// that never started, its drop.
 func (j *TransferJob) endLocked() func() {
 	was := j.phase
 	j.phase = phaseEnded
@@ -413,17 +413,18 @@ func (j *TransferJob) endLocked() func() {
 	if was == phaseQueued {
 		drop, j.drop = j.drop, nil
 	}
-	status, bytes := j.statusLocked(), j.bytesLocked()
 	if was == phaseBlocked {
 		// Before Done: a job that has ended holds no transfer up.
 		j.set.blockedDelta(-1)
 	}
+	// Before Done too: Stats counts a job Wait has returned for.
+	j.set.count(j.kind, was, j.statusLocked(), j.bytesLocked())
 	close(j.done)
 	return func() {
 		if drop != nil {
 			drop()
 		}
-		j.set.ended(j, was, status, bytes)
+		j.set.forget(j, was)
 	}
 }
 

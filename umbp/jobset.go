@@ -34,29 +34,38 @@ func (s *jobSet) add(j *TransferJob) {
 // blockedDelta counts a job entering (+1) or leaving (-1) phaseBlocked.
 func (s *jobSet) blockedDelta(d int) { s.blocked.Add(int64(d)) }
 
-// ended forgets a job that ended from phase was, with status and the object
-// bytes of its keys that succeeded, and counts it. (A job leaving phaseBlocked
-// has left the blocked count already, before its Done.)
-func (s *jobSet) ended(j *TransferJob, was phase, status JobStatus, bytes uint64) {
-	if was == phaseNew { // refused before submission
+// count counts a job that ended from phase was, with status and the object
+// bytes of its keys that succeeded. It runs before the job's Done closes
+// (under the job's lock: it takes none), so that Stats counts a job once
+// Wait has returned for it.
+func (s *jobSet) count(kind jobKind, was phase, status JobStatus, bytes uint64) {
+	switch {
+	case was == phaseNew: // refused before submission
 		if status != JobCompleted { // a job of no plans completes unsubmitted
 			s.stats.refused.Add(1)
 		}
+		return
+	case status == JobCompleted:
+		s.stats.completed.Add(1)
+	default:
+		s.stats.failed.Add(1)
+	}
+	if kind == kindStore {
+		s.stats.bytesStored.Add(bytes)
+	} else {
+		s.stats.bytesLoaded.Add(bytes)
+	}
+}
+
+// forget drops a job that ended from phase was. (A job leaving phaseBlocked
+// has left the blocked count already, before its Done.)
+func (s *jobSet) forget(j *TransferJob, was phase) {
+	if was == phaseNew { // never added
 		return
 	}
 	s.mu.Lock()
 	delete(s.jobs, j)
 	s.mu.Unlock()
-	if status == JobCompleted {
-		s.stats.completed.Add(1)
-	} else {
-		s.stats.failed.Add(1)
-	}
-	if j.kind == kindStore {
-		s.stats.bytesStored.Add(bytes)
-	} else {
-		s.stats.bytesLoaded.Add(bytes)
-	}
 }
 
 // on returns the jobs submitted on c, or every job for a nil c.
