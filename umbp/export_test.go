@@ -37,3 +37,11 @@ func SetStoreRetryBackoff(d []time.Duration) (restore func()) {
 	storeRetryBackoff = d
 	return func() { storeRetryBackoff = old }
 }
+
+// StagingBuffers reports how many staging buffers w holds, and how many of
+// them are free for the next transfer.
+func StagingBuffers(w *WorkerHandle) (all, free int) {
+	w.staging.mu.Lock()
+	defer w.staging.mu.Unlock()
+	return len(w.staging.all), len(w.staging.free)
+}

@@ -21,10 +21,22 @@ type stagingPool struct {
 	reg     stagingRegistrar
 	timeout time.Duration // bounds a new buffer's registration
 
-	mu    sync.Mutex
-	free  []*HostBuffer
-	all   []*HostBuffer
-	count int
+	mu     sync.Mutex
+	free   []*HostBuffer
+	all    []*HostBuffer
+	count  int
+	closed bool
+	// aside ends at close: it stops the waits of buffers set aside.
+	aside       context.Context
+	cancelAside context.CancelFunc
+}
+
+// newStagingPool returns a pool that registers its buffers through reg,
+// each within timeout.
+func newStagingPool(reg stagingRegistrar, timeout time.Duration) *stagingPool {
+	s := &stagingPool{reg: reg, timeout: timeout}
+	s.aside, s.cancelAside = context.WithCancel(context.Background())
+	return s
 }
 
 // stagingRegistrar registers a new staging buffer with the server of c, and
@@ -167,16 +179,32 @@ func (s *stagingPool) has(size uint64) bool {
 
 func (s *stagingPool) put(b *HostBuffer) {
 	s.mu.Lock()
-	s.free = append(s.free, b)
+	if !s.closed {
+		s.free = append(s.free, b)
+	}
 	s.mu.Unlock()
+}
+
+// setAside keeps b, used by a request whose transport failed under it, out
+// of use until the server process behind c, which may still be copying into
+// or out of it, has exited; then b is free again (it stays registered, with
+// the handle's other regions, on every later server). A server that cannot
+// be watched keeps it aside until close.
+func (s *stagingPool) setAside(c *conn.Conn, b *HostBuffer) {
+	go func() {
+		if c.WaitPeersGone(s.aside) == nil {
+			s.put(b)
+		}
+	}()
 }
 
 // close unmaps every staging buffer; the handle has released them.
 func (s *stagingPool) close() {
 	s.mu.Lock()
 	all := s.all
-	s.all, s.free = nil, nil
+	s.all, s.free, s.closed = nil, nil, true
 	s.mu.Unlock()
+	s.cancelAside()
 	for _, b := range all {
 		_ = b.Close()
 	}
@@ -218,11 +246,13 @@ func (s *stagingPool) move(ctx context.Context, c *conn.Conn, kind jobKind, item
 }
 
 // moveChunk moves the items at indexes idx through buf, in one BatchPut or
-// BatchGet, and gives buf back unless a request's transport failed (the
-// server may still be copying: such a buffer is never used again).
+// BatchGet, and gives buf back — once its server has exited, if a request's
+// transport failed (that server may still be copying).
 func (s *stagingPool) moveChunk(ctx context.Context, c *conn.Conn, kind jobKind, buf *HostBuffer, items []item, idx []int, results []bool) (errs []error) {
 	defer func() {
-		if !errors.Is(conn.Joined(errs), conn.ErrUnavailable) {
+		if errors.Is(conn.Joined(errs), conn.ErrUnavailable) {
+			s.setAside(c, buf)
+		} else {
 			s.put(buf)
 		}
 	}()

@@ -80,7 +80,7 @@ func (r *StandaloneRuntime) NewWorkerHandle(ctx context.Context, namespace strin
 	}
 	w.pool = pool
 	w.jobs = newJobSet(&w.stats)
-	w.staging = &stagingPool{reg: w, timeout: w.timeout}
+	w.staging = newStagingPool(w, w.timeout)
 	l, err := newLink(ctx, r, w.reregister, w.replaced)
 	if err != nil {
 		pool.Shutdown()

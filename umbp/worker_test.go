@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -571,5 +572,37 @@ func TestStoreEndsWithoutFlush(t *testing.T) {
 	}
 	if n := srv.Calls("Flush"); n != 1 {
 		t.Fatalf("a refused key's retry followed %d Flush calls, want 1", n)
+	}
+}
+
+// TestStagingBufferBackOnceServerExits: a staging buffer whose request's
+// transport failed is used again once that server process has exited, not
+// kept aside (registered, on every later server) until Close.
+func TestStagingBufferBackOnceServerExits(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the server binary")
+	}
+	ep := filepath.Join(shortDir(t), "s.grpc.sock")
+	p := startServerProcess(t, ep, "-prefault=false", "-version", "1")
+	cfg := testConfig(t, ep)
+	cfg.Timeout = 300 * time.Millisecond
+	rt := newRuntime(t, cfg)
+	a := newEngine(t, rt, 2, 8, 4096) // two ranges a block: staged
+	waitJob(t, a.w, a.w.Store(a.plans(t, "warm", 0)))
+	if all, free := umbp.StagingBuffers(a.w); all != 1 || free != 1 {
+		t.Fatalf("staging buffers after the warm-up: %d, %d free; want 1, 1", all, free)
+	}
+	p.signal(syscall.SIGSTOP) // the next store is sent and never answered
+	stuck := a.w.Store(a.plans(t, "stuck", 1))
+	waitFor(t, "the store to block", func() bool { return a.w.Stats().Transfers.Blocked == 1 })
+	p.kill() // its transport fails; its server is gone
+	awaitEnd(t, stuck)
+	waitFor(t, "the staging buffer to come back", func() bool { _, free := umbp.StagingBuffers(a.w); return free == 1 })
+
+	startServerProcess(t, ep, "-prefault=false", "-version", "1")
+	waitReconnects(t, a.w, 1)
+	waitJob(t, a.w, a.w.Store(a.plans(t, "after", 2)))
+	if all, _ := umbp.StagingBuffers(a.w); all != 1 {
+		t.Fatalf("%d staging buffers after the restart, want the first one again", all)
 	}
 }
