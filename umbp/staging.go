@@ -116,8 +116,10 @@ func (w *WorkerHandle) prepareStaging(ctx context.Context) {
 		// the buffer is used, if colder.
 		w.log.Debug("UMBP standalone staging buffer not warmed up", "endpoint", w.address, "err", err)
 	default:
-		// The server may still be writing into it: never used.
+		// The server may still be writing into it: used again only once
+		// that server process has exited.
 		w.log.Debug("UMBP standalone staging buffer not warmed up; the first staged transfer makes another", "endpoint", w.address, "err", err)
+		w.staging.setAside(c, b)
 		return
 	}
 	w.staging.put(b)
