@@ -17,8 +17,11 @@ import (
 // scattered from) a staging HostBuffer that the handle registers itself.
 
 // stagingPool hands out registered staging buffers, one per concurrent use.
+// It registers a new one itself, as one more of the handle's regions, with
+// the server of the link's current connection.
 type stagingPool struct {
-	reg     stagingRegistrar
+	regions *regionSet
+	link    *link
 	timeout time.Duration // bounds a new buffer's registration
 
 	mu     sync.Mutex
@@ -31,20 +34,36 @@ type stagingPool struct {
 	cancelAside context.CancelFunc
 }
 
-// newStagingPool returns a pool that registers its buffers through reg,
-// each within timeout.
-func newStagingPool(reg stagingRegistrar, timeout time.Duration) *stagingPool {
-	s := &stagingPool{reg: reg, timeout: timeout}
+// newStagingPool returns a pool that registers its buffers into regions,
+// on l's connection, each within timeout.
+func newStagingPool(regions *regionSet, l *link, timeout time.Duration) *stagingPool {
+	s := &stagingPool{regions: regions, link: l, timeout: timeout}
 	s.aside, s.cancelAside = context.WithCancel(context.Background())
 	return s
 }
 
-// stagingRegistrar registers a new staging buffer with the server of c, and
-// with every later server of the handle's, as one more region of the
-// handle; it refuses (as errReconnecting) when c is no longer the handle's
-// connection, and when the handle is closed.
-type stagingRegistrar interface {
-	registerStaging(ctx context.Context, c *conn.Conn, b *HostBuffer, name string) error
+// register registers the staging buffer b with c's server as one more
+// region, under the registration lock: with the current server only (a
+// transfer still on a replaced connection gets none: errReconnecting), and
+// then, as every region, with every later one. A closed handle's link
+// refuses it (ErrClosed).
+func (s *stagingPool) register(ctx context.Context, c *conn.Conn, b *HostBuffer, name string) error {
+	if err := s.regions.lockReg(ctx); err != nil {
+		return err
+	}
+	defer s.regions.unlockReg()
+	cur, err := s.link.current()
+	if err != nil {
+		return err
+	}
+	if cur != c {
+		return errReconnecting
+	}
+	if err := c.RegisterHost(ctx, b.fd, b.base(), b.mappedSize()); err != nil {
+		return fmt.Errorf("register: %w", err)
+	}
+	s.regions.add(&memRegion{names: []string{name}, base: b.base(), size: b.mappedSize(), loc: LocationHost, host: b})
+	return nil
 }
 
 // get returns a registered staging buffer of at least size bytes; a new one
@@ -72,7 +91,7 @@ func (s *stagingPool) get(ctx context.Context, c *conn.Conn, size uint64) (*Host
 	if err := b.acquire(); err != nil {
 		return nil, err
 	}
-	if err := s.reg.registerStaging(ctx, c, b, fmt.Sprintf("staging-%d", n)); err != nil {
+	if err := s.register(ctx, c, b, fmt.Sprintf("staging-%d", n)); err != nil {
 		b.release()
 		_ = b.Close()
 		return nil, fmt.Errorf("staging buffer: %w", err)

@@ -80,13 +80,13 @@ func (r *StandaloneRuntime) NewWorkerHandle(ctx context.Context, namespace strin
 	}
 	w.pool = pool
 	w.jobs = newJobSet(&w.stats)
-	w.staging = newStagingPool(w, w.timeout)
 	l, err := newLink(ctx, r, w.reregister, w.replaced)
 	if err != nil {
 		pool.Shutdown()
 		return nil, err
 	}
 	w.link = l
+	w.staging = newStagingPool(w.regions, l, w.timeout)
 	c := l.conn()
 	r.cfg.Logger.Debug("UMBP standalone worker attached", "endpoint", r.cfg.Endpoint, "client_id", c.ClientID(), "ranged_io", c.Capabilities().RangedIO)
 	return w, nil
@@ -259,28 +259,6 @@ func (w *WorkerHandle) registerClaimed(ctx context.Context, name string, b Buffe
 		return err
 	}
 	w.regions.add(&memRegion{names: []string{name}, base: hb.base(), size: hb.mappedSize(), loc: LocationHost, host: hb})
-	return nil
-}
-
-// registerStaging registers the staging buffer b with c's server as one
-// more region, under the registration lock: with the current server only,
-// and then with every later one, so that a transfer still on a replaced
-// connection gets none.
-func (w *WorkerHandle) registerStaging(ctx context.Context, c *conn.Conn, b *HostBuffer, name string) error {
-	if err := w.regions.lockReg(ctx); err != nil {
-		return err
-	}
-	defer w.regions.unlockReg()
-	if w.isClosed() {
-		return ErrClosed
-	}
-	if cur, err := w.link.current(); err != nil || cur != c {
-		return errReconnecting
-	}
-	if err := c.RegisterHost(ctx, b.fd, b.base(), b.mappedSize()); err != nil {
-		return fmt.Errorf("register: %w", err)
-	}
-	w.regions.add(&memRegion{names: []string{name}, base: b.base(), size: b.mappedSize(), loc: LocationHost, host: b})
 	return nil
 }
 
