@@ -19,8 +19,8 @@ import (
 )
 
 // Message is an encoded request. A call made with CallOption sends it as it
-// is, once: the call takes its bytes, in a buffer of gRPC's pool that goes
-// back to it once written (or when the message is Freed).
+// is, once: the call takes its bytes, whose buffer is recycled once gRPC has
+// written them (or when the message is Freed).
 type Message struct {
 	data mem.BufferSlice // nil once taken
 }

@@ -1,8 +1,8 @@
 // Package umbptest runs an in-process umbp standalone server on real Unix
 // sockets, like net/http/httptest: a Go implementation of the server
 // protocol with a DRAM pool, plus fault injection (stalls of chosen
-// methods, failures, restarts, cut connections) and call counting. Tests use NewServer;
-// programs and Examples use Start and Close.
+// methods, failures, restarts, cut connections) and call counting. Tests
+// use NewServer; programs and Examples use Start and Close.
 //
 //	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 64 << 20})
 //	cfg := umbp.Config{Endpoint: srv.Endpoint()}
