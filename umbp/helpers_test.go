@@ -19,7 +19,7 @@ import (
 	"github.com/umbp-go/umbp-go/umbp/umbptest"
 )
 
-// quiet is a config whose logs go nowhere unless -v.
+// testConfig is a config for endpoint whose logs go nowhere unless -v.
 func testConfig(t testing.TB, endpoint string) umbp.Config {
 	return umbp.Config{
 		Endpoint:       endpoint,

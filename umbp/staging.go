@@ -210,8 +210,12 @@ func (s *stagingPool) put(b *HostBuffer) {
 // of use until the server process behind c, which may still be copying into
 // or out of it, has exited; then b is free again (it stays registered, with
 // the handle's other regions, on every later server). A server that cannot
-// be watched keeps it aside until close.
+// be watched, or one in this process (whose exit would never come), keeps
+// it aside until close.
 func (s *stagingPool) setAside(c *conn.Conn, b *HostBuffer) {
+	if c.ServedInProcess() {
+		return
+	}
 	go func() {
 		if c.WaitPeersGone(s.aside) == nil {
 			s.put(b)

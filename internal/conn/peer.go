@@ -17,6 +17,7 @@ type peers struct {
 	mu      sync.Mutex
 	fds     []int
 	unknown bool // a transport whose server could not be pinned
+	self    bool // a transport whose server is this process
 	closed  bool
 }
 
@@ -40,6 +41,9 @@ func (p *peers) add(c *net.UnixConn) {
 		})
 	}
 	if pid == os.Getpid() {
+		p.mu.Lock()
+		p.self = true
+		p.mu.Unlock()
 		return
 	}
 	if pidfd < 0 && pid > 0 {
@@ -73,6 +77,15 @@ func (p *peers) close() {
 		_ = unix.Close(fd)
 	}
 	p.fds = nil
+}
+
+// ServedInProcess reports whether a server in this very process served one
+// of the connection's transports: WaitPeersGone does not wait for it, so
+// its return proves nothing of that server's copies.
+func (c *Conn) ServedInProcess() bool {
+	c.peers.mu.Lock()
+	defer c.peers.mu.Unlock()
+	return c.peers.self
 }
 
 // WaitPeersGone waits until every server process this connection has had a

@@ -21,6 +21,9 @@ func TestWaitPeersGone(t *testing.T) {
 	if c.Transports() != 1 {
 		t.Fatalf("Transports = %d after Dial, want 1", c.Transports())
 	}
+	if c.ServedInProcess() {
+		t.Fatal("ServedInProcess for a server in another process")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	if err := c.WaitPeersGone(ctx); !errors.Is(err, context.DeadlineExceeded) {
@@ -103,5 +106,17 @@ func TestWaitPeersGoneUnknown(t *testing.T) {
 	}
 	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("WaitPeersGone took %v", d)
+	}
+}
+
+// TestServedInProcess: a server in this process is not waited for, and the
+// connection says so.
+func TestServedInProcess(t *testing.T) {
+	c := dial(t, startFake(t).endpoint)
+	if !c.ServedInProcess() {
+		t.Fatal("ServedInProcess = false for a server in this process")
+	}
+	if err := c.WaitPeersGone(context.Background()); err != nil {
+		t.Fatalf("WaitPeersGone = %v, want nil at once", err)
 	}
 }
