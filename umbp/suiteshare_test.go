@@ -145,9 +145,11 @@ func BenchmarkSuiteShare(b *testing.B) {
 			}
 		}
 		handleCall := func(put bool) {
-			job := w.Load(plans)
+			var job *umbp.TransferJob
 			if put {
 				job = w.Store(plans)
+			} else {
+				job = w.Load(plans)
 			}
 			if err := w.Wait(ctx, job); err != nil {
 				b.Fatalf("handle put %v: %v", put, err)
