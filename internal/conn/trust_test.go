@@ -455,3 +455,72 @@ func TestServerSwappedAfterDial(t *testing.T) {
 	err := c.RegisterHost(ctx, fd, addr(mem), 4096)
 	wantUntrusted(t, "RegisterHost", err, fmt.Sprintf("peer process pid %d on socket %s runs as uid %d", imp.pid, imp.fdPath, foreignUID))
 }
+
+// strangerTrust returns a policy that does not trust the owner of the
+// socket files at paths, and that owner's uid: as root, the files are given
+// to foreignUID; as any other user, the policy is that of another user (so
+// this user is neither self nor root). Either way the owner rule, and the
+// peer rule for a server of this process, are exercised whoever runs the
+// suite.
+func strangerTrust(t *testing.T, paths ...string) (*Trust, uint32) {
+	t.Helper()
+	uid := uint32(os.Getuid())
+	if uid != 0 {
+		return &Trust{self: uid + 1}, uid
+	}
+	for _, p := range paths {
+		if err := os.Chown(p, foreignUID, foreignUID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return mustTrust(t), foreignUID
+}
+
+// TestTrustOwnerRuleAsAnyUser: a socket owned by a uid that is not trusted
+// is refused, and a trusted uid added to the policy is accepted, whether or
+// not the suite runs as root.
+func TestTrustOwnerRuleAsAnyUser(t *testing.T) {
+	dir := shortDir(t)
+	sock := filepath.Join(dir, "s.sock")
+	listenAt(t, sock)
+	tr, owner := strangerTrust(t, sock)
+	who := strconv.FormatUint(uint64(owner), 10)
+	wantUntrusted(t, "socket of an untrusted owner", tr.checkFile(sock), sock, "owned by uid "+who, "not this user")
+	wantUntrusted(t, "checkFilesIfPresent", tr.checkFilesIfPresent(filepath.Join(dir, "missing.sock"), sock), "owned by uid "+who)
+	widened := *tr
+	widened.extra = []uint32{owner}
+	if err := widened.checkFile(sock); err != nil {
+		t.Fatalf("socket of a trusted uid: %v", err)
+	}
+}
+
+// TestDialRefusesUntrustedOwnerAsAnyUser: Dial refuses a server whose
+// sockets belong to an untrusted uid, at once and before any call reaches
+// it, whether or not the suite runs as root.
+func TestDialRefusesUntrustedOwnerAsAnyUser(t *testing.T) {
+	f := startFake(t)
+	grpcPath, fdPath, _ := fdpass.SocketPaths(f.endpoint)
+	tr, owner := strangerTrust(t, grpcPath, fdPath)
+	start := time.Now()
+	c, err := Dial(context.Background(), Options{Endpoint: f.endpoint, StartupTimeout: 10 * time.Second, Logger: quietLog, Trust: tr})
+	if err == nil {
+		_ = c.Close()
+	}
+	wantUntrusted(t, "Dial", err, grpcPath, "owned by uid "+strconv.FormatUint(uint64(owner), 10))
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Dial took %v", d)
+	}
+	if calls := f.take(); len(calls) != 0 {
+		t.Fatalf("the server saw %v", calls)
+	}
+	if os.Getuid() != 0 {
+		// The process serving the socket is this one, whose uid the
+		// stranger's policy does not trust either.
+		conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: grpcPath, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		wantUntrusted(t, "peer of an untrusted uid", tr.checkPeer(grpcPath, conn), fmt.Sprintf("peer process pid %d", os.Getpid()))
+	}
+}
