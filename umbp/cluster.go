@@ -15,6 +15,7 @@ import (
 
 	"github.com/umbp-go/umbp-go/internal/encoded"
 	"github.com/umbp-go/umbp-go/internal/masterconn"
+	"github.com/umbp-go/umbp-go/internal/rpc"
 )
 
 // MasterMode is the Mode of [ServerCapabilities] for a handle attached to
@@ -82,10 +83,10 @@ func (c ClusterConfig) withDefaults() (ClusterConfig, error) {
 		return c, fmt.Errorf("%w: ClusterConfig.MaxReplyBytes and MaxNodes must not be negative", ErrInvalidConfig)
 	}
 	if c.MaxReplyBytes == 0 {
-		c.MaxReplyBytes = masterconn.DefaultMaxReplyBytes
+		c.MaxReplyBytes = rpc.MaxMessageSize
 	}
 	if c.MaxNodes == 0 {
-		c.MaxNodes = masterconn.DefaultMaxNodes
+		c.MaxNodes = rpc.MaxNodes
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

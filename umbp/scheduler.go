@@ -14,6 +14,7 @@ import (
 	"github.com/umbp-go/umbp-go/internal/daemonpool"
 	"github.com/umbp-go/umbp-go/internal/encoded"
 	"github.com/umbp-go/umbp-go/internal/masterconn"
+	"github.com/umbp-go/umbp-go/internal/rpc"
 )
 
 var (
@@ -498,7 +499,7 @@ func (s standaloneSource) match(ctx context.Context, hashes []string) ([]masterc
 	if err != nil {
 		return nil, err
 	}
-	return masterconn.CheckMatch(hashes, matches, masterconn.DefaultMaxNodes)
+	return masterconn.CheckMatch(hashes, matches, rpc.MaxNodes)
 }
 
 func (s standaloneSource) clear(ctx context.Context) (bool, error) { return s.c.Clear(ctx) }

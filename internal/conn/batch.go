@@ -6,25 +6,15 @@ import (
 	"sync"
 
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/umbp-go/umbp-go/internal/rpc"
 )
 
-// A batch goes to the server as consecutive requests, cut here and nowhere
-// else: by the message limit, and for ranged transfers into parts of about
-// partRanges ranges or partBytes bytes (see policy.go). Each entry of a batch
-// gets the answer of the request that carried it: its result, and that
-// request's error when it failed.
-
-// span is the half-open range [start, end) of a batch's entries that one
-// request carries.
-type span struct{ start, end int }
-
-func (s span) len() int { return s.end - s.start }
-
-// Encoded sizes, computed per entry so that a batch is cut without
-// marshalling it. Every field numbered below 16 has a one-byte tag.
-
-// bytesField is the size of a string or bytes field holding n bytes.
-func bytesField(n int) int { return 1 + protowire.SizeBytes(n) }
+// A batch goes to the server as consecutive requests, cut by rpc.Cutter: by
+// the message limit, and for ranged transfers into parts of about
+// partRanges ranges or partBytes bytes (see policy.go). Each entry of a
+// batch gets the answer of the request that carried it: its result, and
+// that request's error when it failed.
 
 // varint is the size of one element of a packed repeated varint field.
 func varint(v uint64) int { return protowire.SizeVarint(v) }
@@ -35,57 +25,9 @@ func varint(v uint64) int { return protowire.SizeVarint(v) }
 func fixedCost(clientID, packedFields int) int {
 	n := 0
 	if clientID > 0 {
-		n += bytesField(clientID)
+		n += rpc.BytesField(clientID)
 	}
 	return n + packedFields*(1+protowire.SizeVarint(uint64(maxRequestBytes)))
-}
-
-// entryCost is what an entry adds to a request: its encoded bytes, and, for
-// the part limits, its ranges and object bytes.
-type entryCost struct {
-	wire   int
-	ranges int
-	bytes  uint64
-}
-
-// cutter says how a batch is cut: fixed is a request's own cost; parts,
-// when set, closes a request once it holds partRanges ranges or partBytes
-// bytes.
-type cutter struct {
-	op    string
-	fixed int
-	parts bool
-}
-
-// cut cuts n entries into consecutive spans. A span closes before an entry
-// that would take its request past maxRequestBytes, and (with parts) after
-// the entry that brings it to partRanges ranges or partBytes bytes. An
-// entry that cannot fit a request alone is an ErrInvalidArgument.
-func (k cutter) cut(n int, cost func(i int) entryCost) ([]span, error) {
-	limit := maxRequestBytes
-	var spans []span
-	start, used, ranges, bytes := 0, k.fixed, 0, uint64(0)
-	for i := range n {
-		ci := cost(i)
-		if k.fixed+ci.wire > limit {
-			return nil, invalid(k.op, "entry %d needs %d bytes of request, more than the %d-byte message limit", i, k.fixed+ci.wire, limit)
-		}
-		if used+ci.wire > limit {
-			spans = append(spans, span{start, i})
-			start, used, ranges, bytes = i, k.fixed, 0, 0
-		}
-		used += ci.wire
-		ranges += ci.ranges
-		bytes += ci.bytes
-		if k.parts && (ranges >= partRanges || bytes >= partBytes) {
-			spans = append(spans, span{start, i + 1})
-			start, used, ranges, bytes = i+1, k.fixed, 0, 0
-		}
-	}
-	if n > start || n == 0 {
-		spans = append(spans, span{start, n})
-	}
-	return spans, nil
 }
 
 // run sends one request per span with call, up to inFlight at a time, and
@@ -95,12 +37,12 @@ func (k cutter) cut(n int, cost func(i int) entryCost) ([]span, error) {
 // failed span, that span's error (nil for the others). Spans after a
 // failure still run, unless ctx ended or the Conn was closed: those are
 // never sent, and their entries carry the same error.
-func (c *Conn) run(ctx context.Context, op string, n int, spans []span, inFlight int,
-	call func(context.Context, span) ([]bool, error)) (ok []bool, errs []error) {
+func (c *Conn) run(ctx context.Context, op string, n int, spans []rpc.Span, inFlight int,
+	call func(context.Context, rpc.Span) ([]bool, error)) (ok []bool, errs []error) {
 	if len(spans) == 1 { // almost every batch: one request, nothing to share
 		got, err := call(ctx, spans[0])
 		if err == nil && len(got) != n {
-			err = badReply(op, "%d results for %d keys", len(got), n)
+			err = rpc.BadReply(op, "%d results for %d keys", len(got), n)
 		}
 		if err != nil {
 			return make([]bool, n), failAll(n, err)
@@ -111,20 +53,20 @@ func (c *Conn) run(ctx context.Context, op string, n int, spans []span, inFlight
 }
 
 // runSpans is run for a batch of several requests.
-func (c *Conn) runSpans(ctx context.Context, op string, n int, spans []span, inFlight int,
-	call func(context.Context, span) ([]bool, error)) (ok []bool, errs []error) {
+func (c *Conn) runSpans(ctx context.Context, op string, n int, spans []rpc.Span, inFlight int,
+	call func(context.Context, rpc.Span) ([]bool, error)) (ok []bool, errs []error) {
 	ok = make([]bool, n)
 	var mu sync.Mutex // guards errs, and stop, when spans run concurrently
 	var stop error
-	fail := func(s span, err error) {
+	fail := func(s rpc.Span, err error) {
 		if errs == nil {
 			errs = make([]error, n)
 		}
-		for i := s.start; i < s.end; i++ {
+		for i := s.Start; i < s.End; i++ {
 			errs[i] = err
 		}
 	}
-	one := func(s span) {
+	one := func(s rpc.Span) {
 		mu.Lock()
 		halted := stop
 		mu.Unlock()
@@ -135,11 +77,11 @@ func (c *Conn) runSpans(ctx context.Context, op string, n int, spans []span, inF
 			return
 		}
 		got, err := call(ctx, s)
-		if err == nil && len(got) != s.len() {
-			err = badReply(op, "%d results for %d keys", len(got), s.len())
+		if err == nil && len(got) != s.Len() {
+			err = rpc.BadReply(op, "%d results for %d keys", len(got), s.Len())
 		}
 		if err == nil {
-			copy(ok[s.start:s.end], got)
+			copy(ok[s.Start:s.End], got)
 			return
 		}
 		mu.Lock()

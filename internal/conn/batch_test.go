@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/umbp-go/umbp-go/internal/rpc"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
@@ -28,20 +29,21 @@ func TestCutParts(t *testing.T) {
 	objs = append(objs, obj(2*partRanges, 1))
 	// Objects 8-11 close on bytes (2 MiB, then 16 more twice); 12 and 13 on
 	// ranges; the last part is what is left.
-	cutParts := func(objs []Object) []span {
-		spans, err := cutter{op: "test", parts: true}.cut(len(objs), func(i int) entryCost {
-			return entryCost{wire: 1, ranges: len(objs[i].Ranges), bytes: objs[i].Size}
+	cutParts := func(objs []Object) []rpc.Span {
+		k := rpc.Cutter{Op: "test", Limit: maxRequestBytes, PartRanges: partRanges, PartBytes: partBytes}
+		spans, err := k.Cut(len(objs), func(i int) rpc.Cost {
+			return rpc.Cost{Wire: 1, Ranges: len(objs[i].Ranges), Bytes: objs[i].Size}
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return spans
 	}
-	want := []span{{0, 4}, {4, 8}, {8, 12}, {12, 14}}
+	want := []rpc.Span{{Start: 0, End: 4}, {Start: 4, End: 8}, {Start: 8, End: 12}, {Start: 12, End: 14}}
 	if got := cutParts(objs); !slices.Equal(got, want) {
 		t.Fatalf("cut = %v, want %v", got, want)
 	}
-	if got := cutParts(objs[:1]); !slices.Equal(got, []span{{0, 1}}) {
+	if got := cutParts(objs[:1]); !slices.Equal(got, []rpc.Span{{Start: 0, End: 1}}) {
 		t.Fatalf("one object: %v", got)
 	}
 }

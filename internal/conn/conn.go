@@ -32,6 +32,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/umbp-go/umbp-go/internal/rpc"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/connectivity"
@@ -138,7 +140,7 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 		return nil, fmt.Errorf("dial: %w: %w", ErrInvalidArgument, err)
 	}
 	if opts.StartupTimeout <= 0 {
-		return nil, invalid("dial", "startup timeout %v is not positive", opts.StartupTimeout)
+		return nil, rpc.Invalid("dial", "startup timeout %v is not positive", opts.StartupTimeout)
 	}
 	tr := opts.Trust
 	if tr == nil {
@@ -182,8 +184,8 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 		grpc.WithContextDialer(c.dialGRPC),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(
-			grpc.MaxCallRecvMsgSize(MaxMessageSize),
-			grpc.MaxCallSendMsgSize(MaxMessageSize),
+			grpc.MaxCallRecvMsgSize(rpc.MaxMessageSize),
+			grpc.MaxCallSendMsgSize(rpc.MaxMessageSize),
 		),
 		// A restarted server is found within about a second.
 		grpc.WithConnectParams(grpc.ConnectParams{

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"unicode/utf8"
 
+	"github.com/umbp-go/umbp-go/internal/rpc"
+
 	"google.golang.org/grpc"
 
 	"github.com/umbp-go/umbp-go/proto/umbppb"
@@ -58,13 +60,13 @@ func (c *Conn) BatchGet(ctx context.Context, keys []string, segs []Segment) (ok 
 
 type batchDataRPC func(context.Context, *umbppb.BatchDataRequest, ...grpc.CallOption) (*umbppb.BatchBoolResponse, error)
 
-func (c *Conn) batchData(ctx context.Context, op string, keys []string, segs []Segment, rpc batchDataRPC) ([]bool, []error) {
+func (c *Conn) batchData(ctx context.Context, op string, keys []string, segs []Segment, send batchDataRPC) ([]bool, []error) {
 	n := len(keys)
 	if err := c.usable(op); err != nil {
 		return make([]bool, n), failAll(n, err)
 	}
 	if len(segs) != n {
-		return make([]bool, n), failAll(n, invalid(op, "%d keys but %d segments", n, len(segs)))
+		return make([]bool, n), failAll(n, rpc.Invalid(op, "%d keys but %d segments", n, len(segs)))
 	}
 	fixed := fixedCost(len(c.clientID), 3)
 	bound := fixed // a request far below the limit is one span
@@ -75,37 +77,37 @@ func (c *Conn) batchData(ctx context.Context, op string, keys []string, segs []S
 		if err := checkSegment(op, i, segs[i]); err != nil {
 			return make([]bool, n), failAll(n, err)
 		}
-		bound += bytesField(len(k)) + 3*binary.MaxVarintLen64
+		bound += rpc.BytesField(len(k)) + 3*binary.MaxVarintLen64
 	}
 	if n == 0 {
 		return []bool{}, nil
 	}
-	one := [1]span{{0, n}}
+	one := [1]rpc.Span{{Start: 0, End: n}}
 	spans := one[:]
 	if bound > maxRequestBytes {
 		var err error
-		spans, err = cutter{op: op, fixed: fixed}.cut(n, func(i int) entryCost {
+		spans, err = rpc.Cutter{Op: op, Fixed: fixed, Limit: maxRequestBytes}.Cut(n, func(i int) rpc.Cost {
 			s := segs[i]
-			return entryCost{wire: bytesField(len(keys[i])) + varint(s.Offset) + varint(s.Size) + varint(s.RegionBase)}
+			return rpc.Cost{Wire: rpc.BytesField(len(keys[i])) + varint(s.Offset) + varint(s.Size) + varint(s.RegionBase)}
 		})
 		if err != nil {
 			return make([]bool, n), failAll(n, err)
 		}
 	}
-	return c.run(ctx, op, n, spans, 1, func(ctx context.Context, s span) ([]bool, error) {
+	return c.run(ctx, op, n, spans, 1, func(ctx context.Context, s rpc.Span) ([]bool, error) {
 		req := &umbppb.BatchDataRequest{
-			Keys:        keys[s.start:s.end],
+			Keys:        keys[s.Start:s.End],
 			ClientId:    c.clientID,
-			ShmOffsets:  make([]uint64, s.len()),
-			Sizes:       make([]uint64, s.len()),
-			RegionBases: make([]uint64, s.len()),
+			ShmOffsets:  make([]uint64, s.Len()),
+			Sizes:       make([]uint64, s.Len()),
+			RegionBases: make([]uint64, s.Len()),
 		}
-		for j, seg := range segs[s.start:s.end] {
+		for j, seg := range segs[s.Start:s.End] {
 			req.ShmOffsets[j] = seg.Offset
 			req.Sizes[j] = seg.Size
 			req.RegionBases[j] = seg.RegionBase
 		}
-		resp, err := rpc(ctx, req)
+		resp, err := send(ctx, req)
 		if err != nil {
 			return nil, c.rpcError(ctx, op, err)
 		}
@@ -156,19 +158,19 @@ func (c *Conn) batchRanges(ctx context.Context, op string, objs []Object, put bo
 	// varints: parts are cut by ranges and bytes alone.
 	bound := fixed + total*4*binary.MaxVarintLen64
 	for _, o := range objs {
-		bound += bytesField(len(o.Key)) + 2*binary.MaxVarintLen64
+		bound += rpc.BytesField(len(o.Key)) + 2*binary.MaxVarintLen64
 	}
 	exact := bound > maxRequestBytes
-	spans, err := cutter{op: op, fixed: fixed, parts: true}.cut(n, func(i int) entryCost {
+	spans, err := rpc.Cutter{Op: op, Fixed: fixed, Limit: maxRequestBytes, PartRanges: partRanges, PartBytes: partBytes}.Cut(n, func(i int) rpc.Cost {
 		o := &objs[i]
-		ec := entryCost{ranges: len(o.Ranges), bytes: o.Size}
+		ec := rpc.Cost{Ranges: len(o.Ranges), Bytes: o.Size}
 		if exact {
-			ec.wire = bytesField(len(o.Key)) + varint(uint64(len(o.Ranges)))
+			ec.Wire = rpc.BytesField(len(o.Key)) + varint(uint64(len(o.Ranges)))
 			if put {
-				ec.wire += varint(o.Size)
+				ec.Wire += varint(o.Size)
 			}
 			for _, r := range o.Ranges {
-				ec.wire += varint(r.Offset) + varint(r.RegionBase) + varint(r.Size) + varint(r.ObjectOffset)
+				ec.Wire += varint(r.Offset) + varint(r.RegionBase) + varint(r.Size) + varint(r.ObjectOffset)
 			}
 		}
 		return ec
@@ -181,16 +183,16 @@ func (c *Conn) batchRanges(ctx context.Context, op string, objs []Object, put bo
 
 // rangedCall returns the call that sends the span s of objs (total ranges
 // in all) as one ranged request.
-func (c *Conn) rangedCall(op string, objs []Object, total int, put bool) func(context.Context, span) ([]bool, error) {
+func (c *Conn) rangedCall(op string, objs []Object, total int, put bool) func(context.Context, rpc.Span) ([]bool, error) {
 	n := len(objs)
-	rpc := c.raw.BatchGetRanges
+	send := c.raw.BatchGetRanges
 	if put {
-		rpc = c.raw.BatchPutRanges
+		send = c.raw.BatchPutRanges
 	}
-	return func(ctx context.Context, s span) ([]bool, error) {
-		chunk := objs[s.start:s.end]
+	return func(ctx context.Context, s rpc.Span) ([]bool, error) {
+		chunk := objs[s.Start:s.End]
 		ranges := total
-		if s.len() != n {
+		if s.Len() != n {
 			ranges = 0
 			for _, o := range chunk {
 				ranges += len(o.Ranges)
@@ -222,7 +224,7 @@ func (c *Conn) rangedCall(op string, objs []Object, total int, put bool) func(co
 				req.ObjectOffsets = append(req.ObjectOffsets, r.ObjectOffset)
 			}
 		}
-		resp, err := rpc(ctx, req)
+		resp, err := send(ctx, req)
 		if err != nil {
 			return nil, c.rpcError(ctx, op, err)
 		}
@@ -251,17 +253,17 @@ func recycleRanged(req *umbppb.BatchRangeDataRequest) {
 // must be).
 func checkKey(op string, i int, key string) error {
 	if key == "" {
-		return invalid(op, "key %d is empty", i)
+		return rpc.Invalid(op, "key %d is empty", i)
 	}
 	if !utf8.ValidString(key) {
-		return invalid(op, "key %d (%q) is not valid UTF-8", i, key)
+		return rpc.Invalid(op, "key %d (%q) is not valid UTF-8", i, key)
 	}
 	return nil
 }
 
 func checkSegment(op string, i int, s Segment) error {
 	if p := segmentProblem(s.RegionBase, s.Offset, s.Size); p != "" {
-		return invalid(op, "entry %d: %s", i, p)
+		return rpc.Invalid(op, "entry %d: %s", i, p)
 	}
 	return nil
 }
@@ -286,18 +288,18 @@ func checkObject(op string, i int, o Object, put bool) error {
 	}
 	switch {
 	case len(o.Ranges) == 0:
-		return invalid(op, "object %d (%q) has no ranges", i, o.Key)
+		return rpc.Invalid(op, "object %d (%q) has no ranges", i, o.Key)
 	case uint64(len(o.Ranges)) > math.MaxUint32:
-		return invalid(op, "object %d (%q) has %d ranges", i, o.Key, len(o.Ranges))
+		return rpc.Invalid(op, "object %d (%q) has %d ranges", i, o.Key, len(o.Ranges))
 	case put && o.Size == 0:
-		return invalid(op, "object %d (%q): object size is 0", i, o.Key)
+		return rpc.Invalid(op, "object %d (%q): object size is 0", i, o.Key)
 	}
 	for j, r := range o.Ranges {
 		if p := segmentProblem(r.RegionBase, r.Offset, r.Size); p != "" {
-			return invalid(op, "object %d (%q) range %d: %s", i, o.Key, j, p)
+			return rpc.Invalid(op, "object %d (%q) range %d: %s", i, o.Key, j, p)
 		}
 		if r.ObjectOffset > math.MaxUint64-r.Size {
-			return invalid(op, "object %d (%q) range %d: object offset %d + size %d overflows", i, o.Key, j, r.ObjectOffset, r.Size)
+			return rpc.Invalid(op, "object %d (%q) range %d: object offset %d + size %d overflows", i, o.Key, j, r.ObjectOffset, r.Size)
 		}
 	}
 	return nil

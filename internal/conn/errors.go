@@ -7,11 +7,9 @@ import (
 	"os"
 	"syscall"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/umbp-go/umbp-go/internal/errdefs"
 	"github.com/umbp-go/umbp-go/internal/fdpass"
+	"github.com/umbp-go/umbp-go/internal/rpc"
 )
 
 // Every error a Conn returns wraps at most one of these sentinels (plus, for
@@ -26,16 +24,16 @@ var (
 	ErrUnavailable = errdefs.ErrUnavailable
 	// ErrUnimplemented means the server does not know the method: a v1
 	// server answering a v2-only call such as a ranged batch.
-	ErrUnimplemented = errors.New("method not implemented by the server")
+	ErrUnimplemented = rpc.ErrUnimplemented
 	// ErrRefused means the server answered ok=false with a reason, or
 	// rejected an fd handoff. RefusedError carries the reason.
 	ErrRefused = errdefs.ErrRefused
 	// ErrBadReply means the server's reply does not fit the request, such
 	// as a batch reply with the wrong number of results.
-	ErrBadReply = errors.New("bad reply from the server")
+	ErrBadReply = rpc.ErrBadReply
 	// ErrInvalidArgument means the request was refused locally, before
 	// anything was sent.
-	ErrInvalidArgument = errors.New("invalid argument")
+	ErrInvalidArgument = rpc.ErrInvalidArgument
 	// ErrClosed means the Conn was closed. A call made after Close also
 	// matches ErrNotSent; one cut off by Close matches ErrUnavailable: its
 	// request may have reached the server.
@@ -43,7 +41,7 @@ var (
 	// ErrNotSent means the request was refused before it was sent (an
 	// invalid argument, a closed Conn): the server never saw it, nor used
 	// the memory it names.
-	ErrNotSent = errors.New("request not sent")
+	ErrNotSent = rpc.ErrNotSent
 	// ErrPeerUnknown means a server process behind the connection could
 	// not be pinned (another pid namespace on a kernel without
 	// SO_PEERPIDFD), so its exit cannot be observed.
@@ -90,38 +88,10 @@ func (e *RefusedError) Unwrap() error { return e.Err }
 // refused returns a *RefusedError for op and reason.
 func refused(op, reason string) error { return &RefusedError{Op: op, Reason: reason} }
 
-// invalid returns an error wrapping ErrInvalidArgument.
-func invalid(op, format string, args ...any) error {
-	return fmt.Errorf("%s: %w (%w): %s", op, ErrInvalidArgument, ErrNotSent, fmt.Sprintf(format, args...))
-}
-
-// badReply returns an error wrapping ErrBadReply.
-func badReply(op, format string, args ...any) error {
-	return fmt.Errorf("%s: %w: %s", op, ErrBadReply, fmt.Sprintf(format, args...))
-}
-
-// rpcError classifies the error of an RPC made with ctx. The gRPC status stays
-// reachable through the chain.
+// rpcError classifies the error of an RPC made with ctx (rpc.Error): a call
+// the Conn's Close cut off may have reached the server.
 func (c *Conn) rpcError(ctx context.Context, op string, err error) error {
-	if c.closed.Load() { // cut off: the server may have the request
-		return fmt.Errorf("%s: %w (%w): %w", op, ErrClosed, ErrUnavailable, err)
-	}
-	if cerr := ctx.Err(); cerr != nil {
-		return fmt.Errorf("%s: %w: %w", op, cerr, err)
-	}
-	switch status.Code(err) {
-	case codes.DeadlineExceeded:
-		// No wrapper sets a deadline, so one that passed is the caller's,
-		// even when the server's copy of it fired a moment earlier.
-		if _, ok := ctx.Deadline(); ok {
-			return fmt.Errorf("%s: %w: %w", op, context.DeadlineExceeded, err)
-		}
-	case codes.Unavailable:
-		return fmt.Errorf("%s: %w: %w", op, ErrUnavailable, err)
-	case codes.Unimplemented:
-		return fmt.Errorf("%s: %w: %w", op, ErrUnimplemented, err)
-	}
-	return fmt.Errorf("%s: %w", op, err)
+	return rpc.Error(ctx, op, err, c.closed.Load())
 }
 
 // handoffError classifies an fd-handoff failure.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"unicode/utf8"
 
+	"github.com/umbp-go/umbp-go/internal/rpc"
+
 	"google.golang.org/grpc"
 
 	"github.com/umbp-go/umbp-go/proto/umbppb"
@@ -14,41 +16,27 @@ import (
 // in distributed mode forwards them to the master under the worker's node
 // id (the worker_node_id of its RegisterMemory).
 
-// ExternalKvBatch is the most hashes one external-KV request carries:
-// the master's batch limit for hit counts, used for every call so that no
-// request the server forwards exceeds what the master takes.
-const ExternalKvBatch = 4096
-
-// hashSpans checks that the Conn is usable, validates hashes and splits
-// them to fit the message limit beside a client id and a few small fields,
-// and at most ExternalKvBatch to a span. An empty list is one empty span:
-// the call still reaches the server.
-func (c *Conn) hashSpans(op string, hashes []string) ([]span, error) {
+// hashSpans checks that the Conn is usable, validates hashes and cuts them
+// to fit the message limit beside a client id and a few small fields, and
+// at most rpc.MaxHashes to a request (the master's batch limit for hit
+// counts, used for every call so that no request the server forwards
+// exceeds what the master takes). An empty list is one empty span: the call
+// still reaches the server.
+func (c *Conn) hashSpans(op string, hashes []string) ([]rpc.Span, error) {
 	if err := c.usable(op); err != nil {
 		return nil, err
 	}
 	if len(hashes) == 0 {
-		return []span{{0, 0}}, nil
+		return []rpc.Span{{Start: 0, End: 0}}, nil
 	}
 	for i, h := range hashes {
 		if !utf8.ValidString(h) {
-			return nil, invalid(op, "hash %d (%q) is not valid UTF-8", i, h)
+			return nil, rpc.Invalid(op, "hash %d (%q) is not valid UTF-8", i, h)
 		}
 	}
 	fixed := fixedCost(len(c.clientID), 0) + 2*11 // tier or count_as_hit
-	spans, err := cutter{op: op, fixed: fixed}.cut(len(hashes), func(i int) entryCost { return entryCost{wire: bytesField(len(hashes[i]))} })
-	if err != nil {
-		return nil, err
-	}
-	var out []span
-	for _, s := range spans {
-		for s.end-s.start > ExternalKvBatch {
-			out = append(out, span{s.start, s.start + ExternalKvBatch})
-			s.start += ExternalKvBatch
-		}
-		out = append(out, s)
-	}
-	return out, nil
+	k := rpc.Cutter{Op: op, Fixed: fixed, Limit: maxRequestBytes, PartRanges: rpc.MaxHashes}
+	return k.Cut(len(hashes), func(i int) rpc.Cost { return rpc.Cost{Wire: rpc.BytesField(len(hashes[i])), Ranges: 1} })
 }
 
 // ReportExternalKvBlocks reports hashes held on tier by this client. It
@@ -67,14 +55,14 @@ func (c *Conn) RevokeExternalKvBlocks(ctx context.Context, hashes []string, tier
 
 type mutateRPC = func(context.Context, *umbppb.StandaloneExternalKvMutationRequest, ...grpc.CallOption) (*umbppb.BoolResponse, error)
 
-func (c *Conn) mutateExternal(ctx context.Context, op string, hashes []string, tier umbppb.TierType, rpc mutateRPC) (bool, error) {
+func (c *Conn) mutateExternal(ctx context.Context, op string, hashes []string, tier umbppb.TierType, send mutateRPC) (bool, error) {
 	spans, err := c.hashSpans(op, hashes)
 	if err != nil {
 		return false, err
 	}
 	for _, s := range spans {
-		resp, err := rpc(ctx, &umbppb.StandaloneExternalKvMutationRequest{
-			Hashes:   hashes[s.start:s.end],
+		resp, err := send(ctx, &umbppb.StandaloneExternalKvMutationRequest{
+			Hashes:   hashes[s.Start:s.End],
 			Tier:     tier,
 			ClientId: c.clientID,
 		})
@@ -107,7 +95,7 @@ func (c *Conn) RevokeAllExternalKvBlocksAtTier(ctx context.Context, tier umbppb.
 
 // MatchExternalKvOnce asks in one request, without counting hits, which
 // nodes hold hashes; the answer is the server's, unchecked. Hashes that do
-// not fit one request (ExternalKvBatch, the message limit) are refused.
+// not fit one request (rpc.MaxHashes, the message limit) are refused.
 func (c *Conn) MatchExternalKvOnce(ctx context.Context, hashes []string) ([]*umbppb.StandaloneExternalKvMatch, error) {
 	const op = "MatchExternalKv"
 	spans, err := c.hashSpans(op, hashes)
@@ -115,7 +103,7 @@ func (c *Conn) MatchExternalKvOnce(ctx context.Context, hashes []string) ([]*umb
 		return nil, err
 	}
 	if len(spans) > 1 {
-		return nil, invalid(op, "%d hashes do not fit one request", len(hashes))
+		return nil, rpc.Invalid(op, "%d hashes do not fit one request", len(hashes))
 	}
 	resp, err := c.raw.MatchExternalKv(ctx, &umbppb.StandaloneMatchExternalKvRequest{
 		Hashes:   hashes,

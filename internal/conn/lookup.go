@@ -1,80 +1,25 @@
 package conn
 
 import (
-	"cmp"
 	"context"
-	"encoding/binary"
-	"errors"
-	"slices"
 
-	"google.golang.org/grpc"
+	"github.com/umbp-go/umbp-go/internal/rpc"
 
 	"github.com/umbp-go/umbp-go/internal/encoded"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
 // EncodeKeys encodes keys for BatchExists and BatchExistsConsecutive, cut
-// to fit the message limit, on the caller's goroutine: the call that sends
-// them reads only the encoded bytes. An empty key, or one that is not UTF-8
-// (which the encoder refuses), fails the whole batch with an
-// ErrInvalidArgument that names it; nothing is encoded then.
+// to fit the message limit, on the caller's goroutine (rpc.EncodeKeys): the
+// call that sends them reads only the encoded bytes. An empty key, or one
+// that is not UTF-8, fails the whole batch with an ErrInvalidArgument that
+// names it; nothing is encoded then.
 func EncodeKeys(keys []string) (encoded.Keys, error) {
-	const op = "lookup"
-	total := 0
-	for i, k := range keys {
-		if k == "" {
-			return encoded.Keys{}, invalid(op, "key %d is empty", i)
-		}
-		total += len(k)
-	}
-	spans := []span{{0, len(keys)}}
-	// A key costs its bytes, a tag and a length of at most 10 bytes; keys
-	// that fit one message, as lookups almost always do, are not cut one
-	// by one.
-	if total+len(keys)*(1+binary.MaxVarintLen64) > maxRequestBytes {
-		var err error
-		spans, err = cutter{op: op}.cut(len(keys), func(i int) entryCost { return entryCost{wire: bytesField(len(keys[i]))} })
-		if err != nil {
-			return encoded.Keys{}, err
-		}
-	}
-	out := encoded.Keys{N: len(keys), Parts: make([]encoded.Part, 0, len(spans))}
-	for _, s := range spans {
-		m, err := encoded.Strings(keysField, keys[s.start:s.end])
-		if err != nil {
-			out.Free()
-			var bad *encoded.NotUTF8Error
-			if errors.As(err, &bad) {
-				i := s.start + bad.Index
-				return encoded.Keys{}, invalid(op, "key %d (%q) is not valid UTF-8", i, keys[i])
-			}
-			return encoded.Keys{}, invalid(op, "%v", err)
-		}
-		out.Parts = append(out.Parts, encoded.Part{Start: s.start, End: s.end, Msg: m})
-	}
-	return out, nil
+	return rpc.EncodeKeys("lookup", keysField, keys, maxRequestBytes)
 }
 
 // keysField is BatchKeysRequest's keys.
 const keysField = 1
-
-// part returns the part of k that carries s.
-func part(k encoded.Keys, s span) *encoded.Message {
-	i, _ := slices.BinarySearchFunc(k.Parts, s.start, func(p encoded.Part, start int) int { return cmp.Compare(p.Start, start) })
-	return k.Parts[i].Msg
-}
-
-// spans returns the spans of k's parts.
-func spans(k encoded.Keys) []span {
-	if len(k.Parts) == 1 {
-		return []span{{k.Parts[0].Start, k.Parts[0].End}}
-	}
-	out := make([]span, len(k.Parts))
-	for i, p := range k.Parts {
-		out[i] = span{p.Start, p.End}
-	}
-	return out
-}
 
 // BatchExistsEncoded reports, for each key of k in order, whether the server holds it.
 // Results and errors are as for BatchPut. It sends each part of k at most
@@ -88,9 +33,9 @@ func (c *Conn) BatchExistsEncoded(ctx context.Context, k encoded.Keys) (ok []boo
 	if k.N == 0 {
 		return []bool{}, nil
 	}
-	return c.run(ctx, op, k.N, spans(k), 1, func(ctx context.Context, s span) ([]bool, error) {
+	return c.run(ctx, op, k.N, rpc.Spans(k), 1, func(ctx context.Context, s rpc.Span) ([]bool, error) {
 		resp := new(umbppb.BatchBoolResponse)
-		if err := c.cc.Invoke(ctx, umbppb.UMBPStandalone_BatchExists_FullMethodName, part(k, s), resp, encodedCall...); err != nil {
+		if err := rpc.InvokeEncoded(ctx, c.cc, umbppb.UMBPStandalone_BatchExists_FullMethodName, rpc.Part(k, s), resp); err != nil {
 			return nil, c.rpcError(ctx, op, err)
 		}
 		return resp.GetOk(), nil
@@ -108,13 +53,13 @@ func (c *Conn) BatchExistsConsecutiveEncoded(ctx context.Context, k encoded.Keys
 	total := 0
 	for _, p := range k.Parts {
 		resp := new(umbppb.CountResponse)
-		if err := c.cc.Invoke(ctx, umbppb.UMBPStandalone_BatchExistsConsecutive_FullMethodName, p.Msg, resp, encodedCall...); err != nil {
+		if err := rpc.InvokeEncoded(ctx, c.cc, umbppb.UMBPStandalone_BatchExistsConsecutive_FullMethodName, p.Msg, resp); err != nil {
 			return total, c.rpcError(ctx, op, err)
 		}
 		n := p.End - p.Start
 		got := resp.GetCount()
 		if got > uint64(n) {
-			return total, badReply(op, "count %d for %d keys", got, n)
+			return total, rpc.BadReply(op, "count %d for %d keys", got, n)
 		}
 		total += int(got)
 		if int(got) < n {
@@ -123,10 +68,6 @@ func (c *Conn) BatchExistsConsecutiveEncoded(ctx context.Context, k encoded.Keys
 	}
 	return total, nil
 }
-
-// encodedCall are the options of a call that sends an encoded request: as
-// the generated stub's, and the encoded message sent as it is.
-var encodedCall = []grpc.CallOption{grpc.StaticMethod(), encoded.CallOption}
 
 // BatchExists is EncodeKeys and BatchExistsEncoded.
 func (c *Conn) BatchExists(ctx context.Context, keys []string) (ok []bool, errs []error) {

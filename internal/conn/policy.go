@@ -1,15 +1,17 @@
 package conn
 
-import "time"
+import (
+	"time"
+
+	"github.com/umbp-go/umbp-go/internal/rpc"
+)
 
 // The connection's policy: every timing and size it uses, in one place.
 
-// MaxMessageSize is the gRPC message limit of the server, each way.
-const MaxMessageSize = 64 << 20
-
-// maxRequestBytes is the largest request a batch sends; batches are cut to
-// fit. A variable so that tests can lower it.
-var maxRequestBytes = MaxMessageSize
+// maxRequestBytes is the largest request a batch sends, the protocol's
+// message limit (rpc.MaxMessageSize); batches are cut to fit. A variable so
+// that tests can lower it.
+var maxRequestBytes = rpc.MaxMessageSize
 
 // A ranged batch goes to the server in parts of about partRanges ranges or
 // partBytes bytes, up to partsInFlight at a time, so that the server copies

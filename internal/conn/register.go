@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/umbp-go/umbp-go/internal/rpc"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/umbp-go/umbp-go/internal/fdpass"
@@ -54,30 +56,30 @@ func (c *Conn) RegisterHost(ctx context.Context, fd int, base uintptr, size uint
 func checkHostFD(op string, fd int, base, size uint64) error {
 	switch {
 	case fd < 0:
-		return invalid(op, "invalid file descriptor %d", fd)
+		return rpc.Invalid(op, "invalid file descriptor %d", fd)
 	case base == 0:
-		return invalid(op, "base address is 0")
+		return rpc.Invalid(op, "base address is 0")
 	case size == 0:
-		return invalid(op, "size is 0")
+		return rpc.Invalid(op, "size is 0")
 	case base > math.MaxUint64-size:
-		return invalid(op, "base %#x + size %d overflows", base, size)
+		return rpc.Invalid(op, "base %#x + size %d overflows", base, size)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return invalid(op, "fd %d: %v", fd, err)
+		return rpc.Invalid(op, "fd %d: %v", fd, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return invalid(op, "fd %d is not a regular file (a memfd)", fd)
+		return rpc.Invalid(op, "fd %d is not a regular file (a memfd)", fd)
 	}
 	if st.Size < 0 || uint64(st.Size) < size {
-		return invalid(op, "fd %d holds %d bytes, fewer than the %d to register", fd, st.Size, size)
+		return rpc.Invalid(op, "fd %d holds %d bytes, fewer than the %d to register", fd, st.Size, size)
 	}
 	flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
 	if err != nil {
-		return invalid(op, "fd %d: %v", fd, err)
+		return rpc.Invalid(op, "fd %d: %v", fd, err)
 	}
 	if flags&unix.O_ACCMODE != unix.O_RDWR {
-		return invalid(op, "fd %d is not open read-write", fd)
+		return rpc.Invalid(op, "fd %d is not open read-write", fd)
 	}
 	return nil
 }
@@ -107,15 +109,15 @@ func (c *Conn) RegisterGPU(ctx context.Context, r GPURegion) error {
 	base, alloc := uint64(r.Base), uint64(r.AllocBase)
 	switch {
 	case r.Device < 0 || r.Device > math.MaxInt32:
-		return invalid(op, "device %d", r.Device)
+		return rpc.Invalid(op, "device %d", r.Device)
 	case base == 0 || alloc == 0:
-		return invalid(op, "base %#x or allocation base %#x is 0", base, alloc)
+		return rpc.Invalid(op, "base %#x or allocation base %#x is 0", base, alloc)
 	case r.Size == 0:
-		return invalid(op, "size is 0")
+		return rpc.Invalid(op, "size is 0")
 	case base > math.MaxUint64-r.Size:
-		return invalid(op, "base %#x + size %d overflows", base, r.Size)
+		return rpc.Invalid(op, "base %#x + size %d overflows", base, r.Size)
 	case base < alloc || base-alloc != r.IPCOffset:
-		return invalid(op, "IPC offset %d is not base %#x - allocation base %#x", r.IPCOffset, base, alloc)
+		return rpc.Invalid(op, "IPC offset %d is not base %#x - allocation base %#x", r.IPCOffset, base, alloc)
 	}
 	handle := r.Handle
 	return c.registerMemory(ctx, &umbppb.RegisterMemoryRequest{

@@ -7,6 +7,8 @@ package conn
 import (
 	"context"
 
+	"github.com/umbp-go/umbp-go/internal/rpc"
+
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
@@ -63,8 +65,8 @@ func (c *Conn) checkOne(op, key string, seg Segment) error {
 		return err
 	}
 	// key, client_id, three varints.
-	if n := bytesField(len(key)) + bytesField(len(c.clientID)) + 3*11; n > maxRequestBytes {
-		return invalid(op, "key of %d bytes does not fit the %d-byte message limit", len(key), maxRequestBytes)
+	if n := rpc.BytesField(len(key)) + rpc.BytesField(len(c.clientID)) + 3*11; n > maxRequestBytes {
+		return rpc.Invalid(op, "key of %d bytes does not fit the %d-byte message limit", len(key), maxRequestBytes)
 	}
 	return nil
 }
@@ -80,8 +82,8 @@ func (c *Conn) Exists(ctx context.Context, key string) (bool, error) {
 	if err := checkKey(op, 0, key); err != nil {
 		return false, err
 	}
-	if bytesField(len(key)) > maxRequestBytes {
-		return false, invalid(op, "key of %d bytes does not fit the %d-byte message limit", len(key), maxRequestBytes)
+	if rpc.BytesField(len(key)) > maxRequestBytes {
+		return false, rpc.Invalid(op, "key of %d bytes does not fit the %d-byte message limit", len(key), maxRequestBytes)
 	}
 	resp, err := c.raw.Exists(ctx, &umbppb.KeyRequest{Key: key})
 	if err != nil {
@@ -129,7 +131,7 @@ func (c *Conn) MatchExternalKv(ctx context.Context, hashes []string, countAsHit 
 	index := map[nodeKey]int{}
 	for _, s := range spans {
 		resp, err := c.raw.MatchExternalKv(ctx, &umbppb.StandaloneMatchExternalKvRequest{
-			Hashes:     hashes[s.start:s.end],
+			Hashes:     hashes[s.Start:s.End],
 			CountAsHit: countAsHit,
 			ClientId:   c.clientID,
 		})
@@ -173,7 +175,7 @@ func (c *Conn) GetExternalKvHitCounts(ctx context.Context, hashes []string) ([]H
 	var out []HitCount
 	for _, s := range spans {
 		resp, err := c.raw.GetExternalKvHitCounts(ctx, &umbppb.StandaloneExternalKvHitCountsRequest{
-			Hashes:   hashes[s.start:s.end],
+			Hashes:   hashes[s.Start:s.End],
 			ClientId: c.clientID,
 		})
 		if err != nil {

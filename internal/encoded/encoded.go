@@ -116,6 +116,18 @@ func (p *bufferPool) Put(b *[]byte) {
 // Len is the encoded size in bytes; 0 once sent.
 func (m *Message) Len() int { return m.data.Len() }
 
+// Bytes returns the encoded bytes, for a caller that writes them itself;
+// they stay the message's, valid until it is sent or freed. Nil once sent.
+func (m *Message) Bytes() []byte {
+	switch len(m.data) {
+	case 0:
+		return nil
+	case 1:
+		return m.data[0].ReadOnlyData()
+	}
+	return m.data.Materialize()
+}
+
 // Free gives the buffer of a message that was not sent back to the pool.
 // It does nothing to a message already sent. A message dropped without
 // Free is left to the garbage collector.

@@ -15,38 +15,28 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"slices"
 	"strings"
 	"unicode/utf8"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/stats"
-	"google.golang.org/grpc/status"
 
 	"github.com/umbp-go/umbp-go/internal/encoded"
-	"github.com/umbp-go/umbp-go/internal/errdefs"
+	"github.com/umbp-go/umbp-go/internal/rpc"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
 var (
 	// ErrBadReply means the master's answer does not fit the request.
-	ErrBadReply = errors.New("bad reply from the master")
+	ErrBadReply = rpc.ErrBadReply
 	// ErrPlaintext refuses plaintext to an address that is not loopback.
 	ErrPlaintext = errors.New("plaintext to a master that is not on loopback")
 	// ErrInvalidArgument refuses a request before it is sent.
-	ErrInvalidArgument = errors.New("invalid argument")
+	ErrInvalidArgument = rpc.ErrInvalidArgument
 )
-
-// DefaultMaxReplyBytes bounds one answer of the master: MORI's own limit
-// for a message.
-const DefaultMaxReplyBytes = 64 << 20
-
-// DefaultMaxNodes bounds the nodes one MatchExternalKv answer may name.
-const DefaultMaxNodes = 4096
 
 // Options configure a Conn.
 type Options struct {
@@ -56,8 +46,9 @@ type Options struct {
 	// loopback addresses only unless AllowPlaintext.
 	Creds          credentials.TransportCredentials
 	AllowPlaintext bool
-	// MaxReplyBytes bounds one answer (0: DefaultMaxReplyBytes); MaxNodes
-	// bounds the nodes of a match (0: DefaultMaxNodes).
+	// MaxReplyBytes bounds one answer (0: rpc.MaxMessageSize, MORI's own
+	// limit for a message); MaxNodes bounds the nodes of a match (0:
+	// rpc.MaxNodes).
 	MaxReplyBytes int
 	MaxNodes      int
 	StatsHandler  stats.Handler
@@ -110,7 +101,7 @@ func New(opts Options) (*Conn, error) {
 	}
 	maxReply := opts.MaxReplyBytes
 	if maxReply <= 0 {
-		maxReply = DefaultMaxReplyBytes
+		maxReply = rpc.MaxMessageSize
 	}
 	dopts := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
@@ -128,7 +119,7 @@ func New(opts Options) (*Conn, error) {
 	}
 	c := &Conn{cc: cc, raw: umbppb.NewUMBPMasterClient(cc), maxNodes: opts.MaxNodes}
 	if c.maxNodes <= 0 {
-		c.maxNodes = DefaultMaxNodes
+		c.maxNodes = rpc.MaxNodes
 	}
 	return c, nil
 }
@@ -150,81 +141,54 @@ func (c *Conn) Connect() { c.cc.Connect() }
 // Close closes the channel; calls in flight fail at once.
 func (c *Conn) Close() error { return c.cc.Close() }
 
-// rpcError classifies a call's failure.
+// rpcError classifies a call's failure (rpc.Error); a call cut off by
+// Close reads as closed from gRPC's own words.
 func rpcError(ctx context.Context, op string, err error) error {
-	if cerr := ctx.Err(); cerr != nil {
-		return fmt.Errorf("%s: %w: %w", op, cerr, err)
-	}
-	switch status.Code(err) {
-	case codes.DeadlineExceeded:
-		// The deadline is the caller's, even when gRPC's timer fired a
-		// moment before the context's.
-		if _, ok := ctx.Deadline(); ok {
-			return fmt.Errorf("%s: %w: %w", op, context.DeadlineExceeded, err)
-		}
-	case codes.Unavailable:
-		return fmt.Errorf("%s: %w: %w", op, errdefs.ErrUnavailable, err)
-	case codes.Canceled:
-		if strings.Contains(err.Error(), "grpc: the client connection is closing") {
-			return fmt.Errorf("%s: %w: %w", op, errdefs.ErrClosed, err)
-		}
-	case codes.ResourceExhausted:
-		return fmt.Errorf("%s: %w: %w", op, ErrBadReply, err)
-	}
-	return fmt.Errorf("%s: %w", op, err)
+	return rpc.Error(ctx, op, err, false)
 }
 
 func checkStrings(op, what string, ss []string) error {
 	for i, s := range ss {
 		if s == "" || !utf8.ValidString(s) {
-			return fmt.Errorf("%s: %w: %s %d (%q) is empty or not UTF-8", op, ErrInvalidArgument, what, i, s)
+			return rpc.Invalid(op, "%s %d (%q) is empty or not UTF-8", what, i, s)
 		}
 	}
 	return nil
 }
 
-// EncodeKeys encodes keys for BatchLookupEncoded on the caller's goroutine:
-// the call that sends them reads only the encoded bytes. An empty key, or
-// one that is not UTF-8 (which the encoder refuses), fails the batch with an
-// ErrInvalidArgument that names it.
+// EncodeKeys encodes keys for BatchLookupEncoded on the caller's goroutine
+// (rpc.EncodeKeys), cut to fit the message limit: the call that sends them
+// reads only the encoded bytes. An empty key, or one that is not UTF-8, fails
+// the batch with an ErrInvalidArgument that names it.
 func EncodeKeys(keys []string) (encoded.Keys, error) {
-	const op = "BatchLookup"
-	if i := slices.Index(keys, ""); i >= 0 {
-		return encoded.Keys{}, fmt.Errorf("%s: %w: key %d is empty", op, ErrInvalidArgument, i)
-	}
 	// BatchLookupRequest's keys; its node_id, which the master ignores,
 	// is left empty (so not encoded).
 	const keysField = 2
-	m, err := encoded.Strings(keysField, keys)
-	if bad := (*encoded.NotUTF8Error)(nil); errors.As(err, &bad) {
-		return encoded.Keys{}, fmt.Errorf("%s: %w: key %d (%q) is not UTF-8", op, ErrInvalidArgument, bad.Index, keys[bad.Index])
-	} else if err != nil {
-		return encoded.Keys{}, fmt.Errorf("%s: %w: %w", op, ErrInvalidArgument, err)
-	}
-	return encoded.Keys{N: len(keys), Parts: []encoded.Part{{Start: 0, End: len(keys), Msg: m}}}, nil
+	return rpc.EncodeKeys("BatchLookup", keysField, keys, rpc.MaxMessageSize)
 }
 
-// BatchLookupEncoded reports for each key of k whether some node holds it.
+// BatchLookupEncoded reports for each key of k whether some node holds it,
+// one request a part of k; a part not sent is freed.
 func (c *Conn) BatchLookupEncoded(ctx context.Context, k encoded.Keys) ([]bool, error) {
 	const op = "BatchLookup"
 	defer k.Free()
-	if len(k.Parts) != 1 {
-		return nil, fmt.Errorf("%s: %w: keys encoded in %d parts, not one", op, ErrInvalidArgument, len(k.Parts))
-	}
-	resp := new(umbppb.BatchLookupResponse)
-	if err := c.cc.Invoke(ctx, umbppb.UMBPMaster_BatchLookup_FullMethodName, k.Parts[0].Msg, resp, encodedCall...); err != nil {
-		return nil, rpcError(ctx, op, err)
-	}
-	found := resp.GetFound()
-	if len(found) != k.N {
-		return nil, fmt.Errorf("%s: %w: %d results for %d keys", op, ErrBadReply, len(found), k.N)
+	var found []bool
+	for _, p := range k.Parts {
+		resp := new(umbppb.BatchLookupResponse)
+		if err := rpc.InvokeEncoded(ctx, c.cc, umbppb.UMBPMaster_BatchLookup_FullMethodName, p.Msg, resp); err != nil {
+			return nil, rpcError(ctx, op, err)
+		}
+		got := resp.GetFound()
+		if len(got) != p.End-p.Start {
+			return nil, rpc.BadReply(op, "%d results for %d keys", len(got), p.End-p.Start)
+		}
+		if len(k.Parts) == 1 {
+			return got, nil
+		}
+		found = append(found, got...)
 	}
 	return found, nil
 }
-
-// encodedCall are the options of a call that sends an encoded request: as
-// the generated stub's, and the encoded message sent as it is.
-var encodedCall = []grpc.CallOption{grpc.StaticMethod(), encoded.CallOption}
 
 // BatchLookup is EncodeKeys and BatchLookupEncoded.
 func (c *Conn) BatchLookup(ctx context.Context, keys []string) ([]bool, error) {
