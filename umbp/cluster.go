@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sync"
-	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -136,6 +134,7 @@ func (r *ClusterRuntime) NewSchedulerHandle(ctx context.Context, namespace strin
 		MaxReplyBytes:  r.cfg.MaxReplyBytes,
 		MaxNodes:       r.cfg.MaxNodes,
 		StatsHandler:   r.cfg.StatsHandler,
+		Redial:         masterRedial,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("umbp: cannot attach to the UMBP master at %s: %w", r.cfg.Master, err)
@@ -175,18 +174,15 @@ type masterBackend struct {
 	rpcTimeout time.Duration
 	log        *slog.Logger
 
-	st       atomic.Int32 // HandleState
-	stateMu  sync.Mutex
-	stateCh  chan struct{}
-	reattach atomic.Uint64
-	stop     context.CancelFunc
-	done     chan struct{}
+	st   connState
+	stop context.CancelFunc
+	done chan struct{}
 }
 
 func newMasterBackend(c *masterconn.Conn, cfg ClusterConfig) *masterBackend {
 	ctx, stop := context.WithCancel(context.Background())
 	b := &masterBackend{c: c, addr: cfg.Master, rpcTimeout: cfg.Timeout, log: cfg.Logger, stop: stop, done: make(chan struct{})}
-	b.st.Store(int32(StateConnected)) // it answered just now
+	// It answered just now: connected, the zero state.
 	go b.watch(ctx)
 	return b
 }
@@ -215,15 +211,11 @@ func (b *masterBackend) watch(ctx context.Context) {
 		if s != connectivity.Connecting {
 			settled = true
 		}
-		if prev := HandleState(b.st.Load()); prev != next && prev != StateClosed {
-			if b.st.CompareAndSwap(int32(prev), int32(next)) {
-				b.notify()
-				if next == StateConnected {
-					b.reattach.Add(1)
-					b.log.Info("UMBP master is back; lookups go to it again", "master", b.addr)
-				} else {
-					b.log.Warn("UMBP master connection lost; lookups answer misses until it is back", "master", b.addr, "grpc_state", s.String())
-				}
+		if prev := b.st.get(); prev != next && b.st.move(prev, next) {
+			if next == StateConnected {
+				b.log.Info("UMBP master is back; lookups go to it again", "master", b.addr)
+			} else {
+				b.log.Warn("UMBP master connection lost; lookups answer misses until it is back", "master", b.addr, "grpc_state", s.String())
 			}
 		}
 		if !b.c.WaitForStateChange(ctx, s) {
@@ -232,17 +224,8 @@ func (b *masterBackend) watch(ctx context.Context) {
 	}
 }
 
-func (b *masterBackend) notify() {
-	b.stateMu.Lock()
-	defer b.stateMu.Unlock()
-	if b.stateCh != nil {
-		close(b.stateCh)
-		b.stateCh = nil
-	}
-}
-
 func (b *masterBackend) session() (lookupSource, error) {
-	switch HandleState(b.st.Load()) {
+	switch b.st.get() {
 	case StateClosed:
 		return nil, ErrClosed
 	case StateReconnecting:
@@ -252,32 +235,11 @@ func (b *masterBackend) session() (lookupSource, error) {
 }
 
 func (b *masterBackend) failed(error)       {}
-func (b *masterBackend) state() HandleState { return HandleState(b.st.Load()) }
-
-func (b *masterBackend) waitForStateChange(ctx context.Context, from HandleState) bool {
-	for {
-		b.stateMu.Lock()
-		if b.stateCh == nil {
-			b.stateCh = make(chan struct{})
-		}
-		ch := b.stateCh
-		b.stateMu.Unlock()
-		if b.state() != from {
-			return true
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return false
-		}
-	}
-}
+func (b *masterBackend) states() *connState { return &b.st }
 
 func (b *masterBackend) capabilities() ServerCapabilities {
-	return ServerCapabilities{Ready: b.state() == StateConnected, Mode: MasterMode}
+	return ServerCapabilities{Ready: b.st.get() == StateConnected, Mode: MasterMode}
 }
-
-func (b *masterBackend) reconnects() uint64 { return b.reattach.Load() }
 
 func (b *masterBackend) rpcName(method string) string {
 	switch method {
@@ -294,9 +256,7 @@ func (b *masterBackend) clearRefusal() error {
 }
 
 func (b *masterBackend) shutdown() {
-	if HandleState(b.st.Swap(int32(StateClosed))) != StateClosed {
-		b.notify()
-	}
+	b.st.close()
 	b.stop()
 	<-b.done
 }

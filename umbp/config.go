@@ -12,6 +12,7 @@ import (
 
 	"github.com/umbp-go/umbp-go/internal/conn"
 	"github.com/umbp-go/umbp-go/internal/fdpass"
+	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
 // Defaults applied by [NewStandaloneRuntime] to zero Config fields.
@@ -118,14 +119,13 @@ func (c Config) settle() (settings, error) {
 	c.Tags = append([]string(nil), c.Tags...)
 	c.TrustedUIDs = append([]int(nil), c.TrustedUIDs...)
 	return settings{Config: c, grpcPath: grpcPath, fdPath: fdPath, dial: conn.Options{
-		Endpoint:       c.Endpoint,
-		StartupTimeout: c.StartupTimeout,
-		NodeID:         c.NodeID,
-		NodeAddress:    c.NodeAddress,
-		Tags:           c.Tags,
-		Logger:         c.Logger,
-		Trust:          trust,
-		StatsHandler:   c.StatsHandler,
+		Endpoint:     c.Endpoint,
+		NodeID:       c.NodeID,
+		NodeAddress:  c.NodeAddress,
+		Tags:         c.Tags,
+		Logger:       c.Logger,
+		Trust:        trust,
+		StatsHandler: c.StatsHandler,
 	}}, nil
 }
 
@@ -183,4 +183,16 @@ func splitEndpoint(endpoint string) (ep, grpcPath, fdPath string, err error) {
 		return "", "", "", err
 	}
 	return "unix://" + path, grpcPath, fdPath, nil
+}
+
+// checkMode refuses a connection whose server is not in distributed mode
+// when the config requires it.
+func (s settings) checkMode(c *conn.Conn) error {
+	if !s.RequireDistributed {
+		return nil
+	}
+	if m := c.Capabilities().Mode; m != umbppb.StandaloneBackendMode_STANDALONE_BACKEND_DISTRIBUTED {
+		return fmt.Errorf("%w: %w: it answered %s", ErrNotSupported, errNotDistributed, m)
+	}
+	return nil
 }

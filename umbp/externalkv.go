@@ -19,19 +19,6 @@ const DistributedMode = "STANDALONE_BACKEND_DISTRIBUTED"
 // Config.RequireDistributed asks for one.
 var errNotDistributed = errors.New("the server's deployment mode is not " + DistributedMode + " (Config.RequireDistributed)")
 
-// checkMode refuses, and closes, a connection whose server is not in
-// distributed mode when the config requires it.
-func (r *StandaloneRuntime) checkMode(c *conn.Conn) error {
-	if !r.cfg.RequireDistributed {
-		return nil
-	}
-	if m := c.Capabilities().Mode; m != umbppb.StandaloneBackendMode_STANDALONE_BACKEND_DISTRIBUTED {
-		_ = c.Close()
-		return fmt.Errorf("%w: %w: it answered %s", ErrNotSupported, errNotDistributed, m)
-	}
-	return nil
-}
-
 // Tier is a storage tier of a node, as the external KV index records it.
 type Tier int32
 

@@ -3,6 +3,7 @@ package umbp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -29,30 +30,27 @@ func statIdent(path string) (sockIdent, error) {
 	return sockIdent{dev: st.Dev, ino: st.Ino}, nil
 }
 
-// link is a handle's supervised attachment to the server: the current
-// connection, and a goroutine that notices the server going away (transport
-// failure, or its socket file replaced) and attaches again, re-running the
-// handle's attach hook (re-registration) on the new connection. It is the
-// handle's one reconnect loop: a connection never redials a lost transport
-// (conn.Dial), so after a loss only the link dials, at its own pace
-// (reconnectPause).
+// link is a handle's supervised attachment to a standalone server: the
+// current connection, and the one loop that attaches, at the handle's start
+// and again whenever the server goes away (transport failure, or its socket
+// file replaced or removed). A connection never redials a lost transport
+// (conn.Dial makes one attempt), so every dial is the link's, paced by
+// attachPacing. On a new connection the link registers its regions (a
+// worker's memory; none for a scheduler) before it swaps the connection in,
+// and hands the old one to onReplace.
 type link struct {
-	rt      *StandaloneRuntime
-	log     *slog.Logger
-	path    string // gRPC socket path
-	attach  func(ctx context.Context, c *conn.Conn) error
-	release func(old *conn.Conn) // called once a connection is replaced
+	cfg       settings
+	log       *slog.Logger
+	regions   *regionSet           // registered on every new connection; nil: none
+	onReplace func(old *conn.Conn) // called once a connection was replaced
+	st        connState
 
 	mu    sync.Mutex
 	c     *conn.Conn
 	ident sockIdent
 
-	state      atomic.Int32 // HandleState; every change is followed by notifyState
-	stateMu    sync.Mutex
-	stateCh    chan struct{} // closed at the next state change; nil until asked for
-	reconnects atomic.Uint64
-	refusals   logLimiter
-	retries    logLimiter
+	refusals logLimiter
+	retries  logLimiter
 	// broken is the connection whose transport left READY: its server went
 	// away, and with it, maybe, the registrations. (A server restarted at
 	// the same path may get the same inode; this is what notices it.)
@@ -64,32 +62,107 @@ type link struct {
 	done    chan struct{}
 }
 
-// newLink dials the server, runs attach on the connection, and starts the
-// supervising goroutine.
-func newLink(ctx context.Context, rt *StandaloneRuntime, attach func(context.Context, *conn.Conn) error, release func(*conn.Conn)) (*link, error) {
-	path := rt.cfg.grpcPath
+// newLink attaches to the server, waiting at most StartupTimeout (or until
+// ctx ends) for one to answer, registers regions on the connection, and
+// starts the supervising goroutine.
+func newLink(ctx context.Context, cfg settings, regions *regionSet, onReplace func(*conn.Conn)) (*link, error) {
 	l := &link{
-		rt: rt, log: rt.cfg.Logger, path: path, attach: attach, release: release,
+		cfg: cfg, log: cfg.Logger, regions: regions, onReplace: onReplace,
 		kickc: make(chan struct{}, 1), done: make(chan struct{}),
 	}
 	l.stopCtx, l.stop = context.WithCancel(context.Background())
-	c, err := rt.dial(ctx)
+	c, ident, err := l.firstAttach(ctx)
 	if err != nil {
 		l.stop()
-		return nil, rt.attachError(err)
-	}
-	ident, _ := statIdent(path)
-	if attach != nil {
-		if err := attach(ctx, c); err != nil {
-			l.stop()
-			l.discard(c)
-			return nil, err
-		}
+		return nil, err
 	}
 	l.c, l.ident = c, ident
 	l.unwatch = l.watch(c)
 	go l.supervise()
 	return l, nil
+}
+
+// firstAttach makes attempts until one attaches, StartupTimeout has passed,
+// ctx ends, or the server is refused (it failed the trust check, or is not
+// in the mode the config requires): those are not retried.
+func (l *link) firstAttach(ctx context.Context) (*conn.Conn, sockIdent, error) {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.StartupTimeout)
+	defer cancel()
+	warned := false
+	var last error // the last attempt that was not cut short by the end of the wait
+	for pause := time.Duration(0); ; {
+		c, ident, err := l.attempt(ctx)
+		if err == nil {
+			return c, ident, nil
+		}
+		waited := min(time.Since(start), l.cfg.StartupTimeout).Round(time.Millisecond)
+		if final(err) {
+			return nil, sockIdent{}, err
+		}
+		if ctx.Err() != nil {
+			// An attempt the end of the wait cut short says less than
+			// the one before it.
+			if last == nil || !errors.Is(err, ctx.Err()) {
+				last = err
+			}
+			return nil, sockIdent{}, fmt.Errorf("%w (waited %v)", last, waited)
+		}
+		last = err
+		if !warned && waited >= attachWarnAfter {
+			warned = true
+			l.log.Warn("still waiting for the UMBP standalone server", "endpoint", l.cfg.Endpoint, "waited", waited, "err", err)
+		} else {
+			l.log.Debug("waiting for the UMBP standalone server", "endpoint", l.cfg.Endpoint, "err", err)
+		}
+		pause = attachPacing.Next(pause)
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// final reports whether an attempt's error ends the wait for a server: one
+// that failed the trust check, or is not in the mode the config requires.
+func final(err error) bool {
+	return errors.Is(err, ErrUntrustedServer) || errors.Is(err, errNotDistributed)
+}
+
+// attempt dials the server once, bounded by attachAttempt and ctx, checks
+// its mode, and registers the link's regions on the new connection. A
+// connection whose registration failed is dropped with what it registered.
+func (l *link) attempt(ctx context.Context) (*conn.Conn, sockIdent, error) {
+	dctx, cancel := context.WithTimeout(ctx, attachAttempt)
+	c, err := conn.Dial(dctx, l.cfg.dial)
+	cancel()
+	if err != nil {
+		return nil, sockIdent{}, err
+	}
+	if err := l.cfg.checkMode(c); err != nil {
+		_ = c.Close()
+		return nil, sockIdent{}, err
+	}
+	// The socket's identity after the dial: a server that replaced the one
+	// just dialled shows as a change at the next check.
+	ident, err := statIdent(l.cfg.grpcPath)
+	if err != nil {
+		_ = c.Close()
+		return nil, sockIdent{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	if l.regions != nil {
+		// Registration is bounded by Timeout, beside the dial's bound.
+		rctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+		err := l.regions.registerAll(rctx, c)
+		cancel()
+		if err != nil {
+			l.discard(c)
+			return nil, sockIdent{}, err
+		}
+	}
+	return c, ident, nil
 }
 
 // watch marks c broken, and wakes the supervisor, when its transport
@@ -131,7 +204,7 @@ func (l *link) kick() {
 // current returns the connection, or errReconnecting while there is none
 // to use.
 func (l *link) current() (*conn.Conn, error) {
-	switch HandleState(l.state.Load()) {
+	switch l.st.get() {
 	case StateReconnecting:
 		return nil, errReconnecting
 	case StateClosed:
@@ -160,18 +233,20 @@ func (l *link) failed(err error) {
 // shutdown stops the supervising goroutine and waits for it; an attach in
 // progress is cancelled. The connection stays for the caller to close.
 func (l *link) shutdown() {
-	if HandleState(l.state.Swap(int32(StateClosed))) != StateClosed {
-		l.notifyState()
-	}
+	l.st.close()
 	l.stop()
 	<-l.done
 }
 
+// supervise looks at the server every linkCheckInterval (and at once when a
+// call saw the transport fail); once it is gone, it attaches again, one
+// attempt at a time, paced by attachPacing, until one succeeds or the link
+// is shut down.
 func (l *link) supervise() {
 	defer close(l.done)
 	tick := time.NewTicker(linkCheckInterval)
 	defer tick.Stop()
-	backoff := time.Duration(0)
+	var pause time.Duration
 	var nextTry time.Time
 	for {
 		select {
@@ -180,16 +255,15 @@ func (l *link) supervise() {
 		case <-tick.C:
 		case <-l.kickc:
 		}
-		switch HandleState(l.state.Load()) {
+		switch l.st.get() {
 		case StateClosed: // shut down, and stopCtx about to end: attach nothing
 			return
 		case StateConnected:
-			if !l.lost() || !l.state.CompareAndSwap(int32(StateConnected), int32(StateReconnecting)) {
+			if !l.lost() || !l.st.move(StateConnected, StateReconnecting) {
 				continue
 			}
-			l.notifyState()
-			l.log.Warn("UMBP standalone server went away; reconnecting", "endpoint", l.rt.cfg.Endpoint)
-			backoff, nextTry = 0, time.Time{}
+			l.log.Warn("UMBP standalone server went away; reconnecting", "endpoint", l.cfg.Endpoint)
+			pause, nextTry = 0, time.Time{}
 		}
 		if time.Now().Before(nextTry) {
 			continue
@@ -198,12 +272,15 @@ func (l *link) supervise() {
 			if l.stopCtx.Err() != nil { // cancelled by shutdown: no failure
 				return
 			}
-			backoff = reconnectPause(backoff)
-			nextTry = time.Now().Add(backoff)
-			if l.retries.allow() {
-				l.log.Warn("UMBP standalone reconnect attempt failed; retrying", "endpoint", l.rt.cfg.Endpoint, "err", err)
+			pause = attachPacing.Next(pause)
+			nextTry = time.Now().Add(pause)
+			if errors.Is(err, ErrUntrustedServer) {
+				if l.refusals.allow() {
+					l.log.Warn("refusing the server that took over the UMBP standalone endpoint", "endpoint", l.cfg.Endpoint, "err", err)
+				}
+			} else if l.retries.allow() {
+				l.log.Warn("UMBP standalone reconnect attempt failed; retrying", "endpoint", l.cfg.Endpoint, "err", err)
 			}
-			continue
 		}
 	}
 }
@@ -212,43 +289,22 @@ func (l *link) supervise() {
 // was replaced or removed, or the transport to it failed (a connection
 // never redials: the link is what attaches again).
 func (l *link) lost() bool {
-	ident, err := statIdent(l.path)
+	ident, err := statIdent(l.cfg.grpcPath)
 	l.mu.Lock()
 	old, c := l.ident, l.c
 	l.mu.Unlock()
 	return err != nil || ident != old || l.broken.Load() == c
 }
 
-// reattach dials the server anew and runs the attach hook on the new
-// connection, bounded by StartupTimeout and Timeout; on success the new
-// connection replaces the old one.
+// reattach makes one attempt; on success the new connection replaces the
+// old one, which goes to onReplace.
 func (l *link) reattach() error {
-	ctx, cancel := context.WithTimeout(l.stopCtx, l.rt.cfg.StartupTimeout+l.rt.cfg.Timeout)
-	defer cancel()
-	dctx, dcancel := context.WithTimeout(ctx, reconnectDialTimeout)
-	c, err := l.rt.dial(dctx)
-	dcancel()
+	c, ident, err := l.attempt(l.stopCtx)
 	if err != nil {
-		if errors.Is(err, ErrUntrustedServer) && l.refusals.allow() {
-			l.log.Warn("refusing the server that took over the UMBP standalone endpoint", "endpoint", l.rt.cfg.Endpoint, "err", err)
-		}
 		return err
-	}
-	// The socket's identity after the dial: a server that replaced the one
-	// just dialled shows as a change at the next check.
-	ident, err := statIdent(l.path)
-	if err != nil {
-		_ = c.Close()
-		return err
-	}
-	if l.attach != nil {
-		if err := l.attach(ctx, c); err != nil {
-			l.discard(c)
-			return err
-		}
 	}
 	l.mu.Lock()
-	if !l.state.CompareAndSwap(int32(StateReconnecting), int32(StateConnected)) { // closed meanwhile
+	if !l.st.move(StateReconnecting, StateConnected) { // closed meanwhile
 		l.mu.Unlock()
 		l.discard(c)
 		return ErrClosed
@@ -258,11 +314,9 @@ func (l *link) reattach() error {
 	l.unwatch()
 	l.unwatch = l.watch(c)
 	l.mu.Unlock()
-	l.reconnects.Add(1)
-	l.notifyState()
-	l.log.Info("UMBP standalone server is back; reattached", "endpoint", l.rt.cfg.Endpoint, "client_id", c.ClientID())
-	if l.release != nil {
-		l.release(old)
+	l.log.Info("UMBP standalone server is back; reattached", "endpoint", l.cfg.Endpoint, "client_id", c.ClientID())
+	if l.onReplace != nil {
+		l.onReplace(old)
 	}
 	return nil
 }
@@ -275,40 +329,6 @@ func (l *link) discard(c *conn.Conn) {
 	defer cancel()
 	_ = c.Deregister(ctx)
 	_ = c.Close()
-}
-
-// notifyState wakes the waiters of waitForStateChange; it runs after every
-// change of state.
-func (l *link) notifyState() {
-	l.stateMu.Lock()
-	defer l.stateMu.Unlock()
-	if l.stateCh != nil {
-		close(l.stateCh)
-		l.stateCh = nil
-	}
-}
-
-// waitForStateChange waits until the state differs from from (true) or ctx
-// ends first (false).
-func (l *link) waitForStateChange(ctx context.Context, from HandleState) bool {
-	for {
-		// The channel is taken before the state is read: a change after
-		// the read closes it.
-		l.stateMu.Lock()
-		if l.stateCh == nil {
-			l.stateCh = make(chan struct{})
-		}
-		ch := l.stateCh
-		l.stateMu.Unlock()
-		if HandleState(l.state.Load()) != from {
-			return true
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return false
-		}
-	}
 }
 
 // capabilities of the current connection.

@@ -17,7 +17,7 @@ func TestLinkSupervisorStopsWhenClosed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := newLink(t.Context(), rt, nil, nil)
+	l, err := newLink(t.Context(), rt.cfg, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,7 +28,7 @@ func TestLinkSupervisorStopsWhenClosed(t *testing.T) {
 	}()
 	pings := srv.Calls("Ping")
 	// shutdown's first step alone, then a wake-up.
-	l.state.Store(int32(StateClosed))
+	l.st.st.Store(int32(StateClosed))
 	l.kick()
 	select {
 	case <-l.done:

@@ -1,6 +1,10 @@
 package umbp
 
-import "time"
+import (
+	"time"
+
+	"github.com/umbp-go/umbp-go/internal/backoff"
+)
 
 // The handle's policy: every retry, back-off, part size and pacing figure
 // the transfer and reconnect paths use, in one place.
@@ -32,39 +36,35 @@ const (
 	warmUpKey  = "umbp-go/staging-warm-up/65536"
 )
 
-// AfterStream: the event is polled with a pause that backs off from
-// streamPollMin to streamPollMax. streamWaitGrace bounds how long Wait, at
-// a transfer's deadline, waits for one still waiting for the engine's
-// stream: it gives up at that same deadline, within one poll.
-const (
-	streamPollMin   = 5 * time.Microsecond
-	streamPollMax   = 200 * time.Microsecond
-	streamWaitGrace = time.Second
+// AfterStream: the event is polled with pauses paced by streamPolling.
+// streamWaitGrace bounds how long Wait, at a transfer's deadline, waits for
+// one still waiting for the engine's stream: it gives up at that same
+// deadline, within one poll.
+var streamPolling = backoff.Policy{Base: 5 * time.Microsecond, Max: 200 * time.Microsecond}
+
+const streamWaitGrace = time.Second
+
+// Attaching (the link): every dial is one attempt (conn.Dial) bounded by
+// attachAttempt, and attempts are paced by attachPacing, from a handle's
+// first attach, which waits for a server at most StartupTimeout, to every
+// reattach after a server went away. A restarted server is found within
+// about linkCheckInterval plus one pause. A first attach that has waited
+// attachWarnAfter says so once at Warn (before that, at Debug). Dropping a
+// connection whose attach failed gets discardTimeout.
+var (
+	linkCheckInterval = 100 * time.Millisecond
+	attachPacing      = backoff.Policy{Base: 25 * time.Millisecond, Max: 500 * time.Millisecond, Jitter: 0.2}
 )
 
-// Attaching: the connection bounds its wait for the server by
-// StartupTimeout and says so; dialGrace later, the handle's own bound only
-// backs that up.
-const dialGrace = time.Second
-
-// Reconnecting: a handle looks at its server's socket every
-// linkCheckInterval; a failed re-attach is retried after a pause that
-// doubles from linkCheckInterval up to reconnectBackoffMax. Each dial of a
-// re-attach gets reconnectDialTimeout; dropping a connection whose attach
-// failed gets discardTimeout.
-var linkCheckInterval = 100 * time.Millisecond
-
-// reconnectPause is the pause after a failed re-attach that followed one
-// of last.
-func reconnectPause(last time.Duration) time.Duration {
-	return min(max(2*last, linkCheckInterval), reconnectBackoffMax)
-}
-
 const (
-	reconnectBackoffMax  = time.Second
-	reconnectDialTimeout = time.Second
-	discardTimeout       = time.Second
+	attachAttempt   = time.Second
+	attachWarnAfter = 5 * time.Second
+	discardTimeout  = time.Second
 )
+
+// The master's channel (and each replica's) is redialled by gRPC, paced by
+// masterRedial: a master that came back is used again within about its Max.
+var masterRedial = backoff.Policy{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond, Factor: 1.6, Jitter: 0.2}
 
 // failureLogInterval is how often a handle repeats a failure warning.
 const failureLogInterval = 30 * time.Second

@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
+
+	"github.com/umbp-go/umbp-go/internal/conn"
 )
 
 // memRegion is one registered allocation: a HostBuffer's mapping, or a
@@ -21,6 +24,17 @@ type memRegion struct {
 
 func (r *memRegion) contains(addr uintptr, n uint64) bool {
 	return addr >= r.base && uint64(addr-r.base) <= r.size && n <= r.size-uint64(addr-r.base)
+}
+
+// register registers r's memory with the server behind c.
+func (r *memRegion) register(ctx context.Context, c *conn.Conn) error {
+	switch {
+	case r.host != nil:
+		return c.RegisterHost(ctx, r.host.fd, r.base, r.size)
+	case r.gpu != nil:
+		return r.gpu.register(ctx, c, r.base, r.size)
+	}
+	return nil
 }
 
 // regionSet is a worker handle's registered memory: its regions, sorted by
@@ -74,6 +88,37 @@ func (s *regionSet) claim(name string, b Buffer) (fresh bool, err error) {
 	}
 	s.named[name] = b
 	return true, nil
+}
+
+// registerAll registers every region with the server behind c, under the
+// registration lock: what a new connection of the link carries before it
+// is used.
+func (s *regionSet) registerAll(ctx context.Context, c *conn.Conn) error {
+	if err := s.lockReg(ctx); err != nil {
+		return err
+	}
+	defer s.unlockReg()
+	for _, r := range s.all() {
+		if err := r.register(ctx, c); err != nil {
+			return fmt.Errorf("register %s again: %w", strings.Join(r.names, ", "), err)
+		}
+	}
+	return nil
+}
+
+// addHost registers the HostBuffer b, named name, with the server behind c
+// and adds it as a region; the caller holds the registration lock.
+func (s *regionSet) addHost(ctx context.Context, c *conn.Conn, b *HostBuffer, name string) error {
+	if err := b.acquire(); err != nil {
+		return err
+	}
+	r := &memRegion{names: []string{name}, base: b.base(), size: b.mappedSize(), loc: LocationHost, host: b}
+	if err := r.register(ctx, c); err != nil {
+		b.release()
+		return err
+	}
+	s.add(r)
+	return nil
 }
 
 // unclaim forgets a name whose registration failed.

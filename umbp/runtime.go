@@ -1,11 +1,8 @@
 package umbp
 
 import (
-	"context"
 	"errors"
 	"fmt"
-
-	"github.com/umbp-go/umbp-go/internal/conn"
 )
 
 // StandaloneRuntime is a validated configuration that yields handles on one
@@ -38,23 +35,6 @@ func (r *StandaloneRuntime) Config() Config {
 	c.Tags = append([]string(nil), c.Tags...)
 	c.TrustedUIDs = append([]int(nil), c.TrustedUIDs...)
 	return c
-}
-
-// dial attaches one connection, waiting at most StartupTimeout (or ctx) for
-// the server to answer Ping.
-func (r *StandaloneRuntime) dial(ctx context.Context) (*conn.Conn, error) {
-	// The connection bounds its wait by StartupTimeout and says so; this
-	// bound, a little later, only backs it up.
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.StartupTimeout+dialGrace)
-	defer cancel()
-	c, err := conn.Dial(ctx, r.cfg.dial)
-	if err == nil {
-		err = r.checkMode(c) // externalkv.go
-	}
-	if err != nil {
-		return nil, err
-	}
-	return c, nil
 }
 
 // attachError is a failed first attach as a handle's constructor returns

@@ -76,10 +76,10 @@ func (r *StandaloneRuntime) NewSchedulerHandle(ctx context.Context, namespace st
 		calls:        pool,
 		quarantine:   newQuarantine(r.cfg.LoadFailureQuarantine),
 	}
-	l, err := newLink(ctx, r, nil, h.replaced)
+	l, err := newLink(ctx, r.cfg, nil, h.replaced)
 	if err != nil {
 		pool.Shutdown()
-		return nil, err
+		return nil, r.attachError(err)
 	}
 	h.backend = standaloneBackend{l}
 	return h, nil
@@ -178,11 +178,28 @@ func call[T any](ctx context.Context, h *SchedulerHandle, method string, fn func
 }
 
 // State reports whether the handle is connected, reconnecting or closed.
-func (h *SchedulerHandle) State() HandleState { return h.backend.state() }
+func (h *SchedulerHandle) State() HandleState { return h.backend.states().get() }
+
+// WaitForStateChange waits until the handle's state differs from from, as
+// grpc.ClientConn.WaitForStateChange does: it returns true once State()
+// is not from, and false if ctx ends first. A server restart moves a handle
+// from StateConnected to StateReconnecting and, once it has attached to the
+// new server, back to StateConnected; Close moves it to StateClosed, which
+// is final.
+//
+//	for s := h.State(); s != umbp.StateClosed; s = h.State() {
+//		if !h.WaitForStateChange(ctx, s) {
+//			break // ctx ended
+//		}
+//		log.Info("UMBP pool", "state", h.State())
+//	}
+func (h *SchedulerHandle) WaitForStateChange(ctx context.Context, from HandleState) bool {
+	return h.backend.states().waitForChange(ctx, from)
+}
 
 // Stats returns a snapshot of the handle's health and counters.
 func (h *SchedulerHandle) Stats() Stats {
-	return Stats{State: h.State(), Capabilities: h.backend.capabilities(), Reconnects: h.backend.reconnects(), Lookups: h.stats.snapshot()}
+	return Stats{State: h.State(), Capabilities: h.backend.capabilities(), Reconnects: h.backend.states().reconnects.Load(), Lookups: h.stats.snapshot()}
 }
 
 // Lookup reports, for each key, whether the pool holds it. It returns one
@@ -427,10 +444,9 @@ type schedBackend interface {
 	session() (lookupSource, error)
 	// failed sees every call's error.
 	failed(err error)
-	state() HandleState
-	waitForStateChange(ctx context.Context, from HandleState) bool
+	// states is the handle's state, which the backend moves.
+	states() *connState
 	capabilities() ServerCapabilities
-	reconnects() uint64
 	// rpcName is what the call a scheduler method names (the standalone
 	// protocol's) is called here, for errors.
 	rpcName(method string) string
@@ -470,17 +486,13 @@ func (b standaloneBackend) session() (lookupSource, error) {
 
 func (b standaloneBackend) encode(keys []string) (encoded.Keys, error) { return conn.EncodeKeys(keys) }
 func (b standaloneBackend) failed(err error)                           { b.l.failed(err) }
-func (b standaloneBackend) state() HandleState                         { return HandleState(b.l.state.Load()) }
-func (b standaloneBackend) waitForStateChange(ctx context.Context, from HandleState) bool {
-	return b.l.waitForStateChange(ctx, from)
-}
-func (b standaloneBackend) capabilities() ServerCapabilities { return b.l.capabilities() }
-func (b standaloneBackend) reconnects() uint64               { return b.l.reconnects.Load() }
-func (b standaloneBackend) clearRefusal() error              { return nil }
-func (b standaloneBackend) rpcName(method string) string     { return method }
-func (b standaloneBackend) shutdown()                        { b.l.shutdown() }
-func (b standaloneBackend) closer() func() error             { return b.l.conn().Close }
-func (b standaloneBackend) waitsOutCalls() bool              { return true }
+func (b standaloneBackend) states() *connState                         { return &b.l.st }
+func (b standaloneBackend) capabilities() ServerCapabilities           { return b.l.capabilities() }
+func (b standaloneBackend) clearRefusal() error                        { return nil }
+func (b standaloneBackend) rpcName(method string) string               { return method }
+func (b standaloneBackend) shutdown()                                  { b.l.shutdown() }
+func (b standaloneBackend) closer() func() error                       { return b.l.conn().Close }
+func (b standaloneBackend) waitsOutCalls() bool                        { return true }
 
 // standaloneSource asks one connection to a standalone server.
 type standaloneSource struct{ c *conn.Conn }

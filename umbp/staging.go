@@ -59,11 +59,7 @@ func (s *stagingPool) register(ctx context.Context, c *conn.Conn, b *HostBuffer,
 	if cur != c {
 		return errReconnecting
 	}
-	if err := c.RegisterHost(ctx, b.fd, b.base(), b.mappedSize()); err != nil {
-		return fmt.Errorf("register: %w", err)
-	}
-	s.regions.add(&memRegion{names: []string{name}, base: b.base(), size: b.mappedSize(), loc: LocationHost, host: b})
-	return nil
+	return s.regions.addHost(ctx, c, b, name)
 }
 
 // get returns a registered staging buffer of at least size bytes; a new one
@@ -88,11 +84,7 @@ func (s *stagingPool) get(ctx context.Context, c *conn.Conn, size uint64) (*Host
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	if err := b.acquire(); err != nil {
-		return nil, err
-	}
 	if err := s.register(ctx, c, b, fmt.Sprintf("staging-%d", n)); err != nil {
-		b.release()
 		_ = b.Close()
 		return nil, fmt.Errorf("staging buffer: %w", err)
 	}

@@ -3,6 +3,8 @@ package umbp
 import (
 	"context"
 	"fmt"
+	"sync"
+	"sync/atomic"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
 )
@@ -47,29 +49,73 @@ type ServerCapabilities struct {
 	Mode string
 }
 
-// WaitForStateChange waits until the handle's state differs from from, as
-// grpc.ClientConn.WaitForStateChange does: it returns true once State()
-// is not from, and false if ctx ends first. A server restart moves a handle
-// from StateConnected to StateReconnecting and, once it has attached to the
-// new server, back to StateConnected; Close moves it to StateClosed, which
-// is final.
-//
-//	for s := h.State(); s != umbp.StateClosed; s = h.State() {
-//		if !h.WaitForStateChange(ctx, s) {
-//			break // ctx ended
-//		}
-//		log.Info("UMBP pool", "state", h.State())
-//	}
-func (h *SchedulerHandle) WaitForStateChange(ctx context.Context, from HandleState) bool {
-	return h.backend.waitForStateChange(ctx, from)
+// connState is a handle's state and the one way it changes: a
+// connection (a standalone server's link, the master's channel) moves it,
+// every change wakes the waiters of waitForChange, and closed is final.
+type connState struct {
+	st         atomic.Int32 // HandleState
+	reconnects atomic.Uint64
+
+	mu sync.Mutex
+	ch chan struct{} // closed at the next change; nil until asked for
 }
 
-// WaitForStateChange waits until the handle's state differs from from, as
-// grpc.ClientConn.WaitForStateChange does: it returns true once State()
-// is not from, and false if ctx ends first. See
-// SchedulerHandle.WaitForStateChange.
-func (w *WorkerHandle) WaitForStateChange(ctx context.Context, from HandleState) bool {
-	return w.link.waitForStateChange(ctx, from)
+// get returns the state.
+func (s *connState) get() HandleState { return HandleState(s.st.Load()) }
+
+// move changes the state from from to to, and reports whether it did (it
+// was from, and is not closed). Back to connected from reconnecting counts
+// a reconnect.
+func (s *connState) move(from, to HandleState) bool {
+	if from == StateClosed || !s.st.CompareAndSwap(int32(from), int32(to)) {
+		return false
+	}
+	if from == StateReconnecting && to == StateConnected {
+		s.reconnects.Add(1)
+	}
+	s.notify()
+	return true
+}
+
+// close moves the state to closed, for good; it reports whether it did.
+func (s *connState) close() bool {
+	if HandleState(s.st.Swap(int32(StateClosed))) == StateClosed {
+		return false
+	}
+	s.notify()
+	return true
+}
+
+func (s *connState) notify() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ch != nil {
+		close(s.ch)
+		s.ch = nil
+	}
+}
+
+// waitForChange waits until the state differs from from (true) or ctx ends
+// first (false).
+func (s *connState) waitForChange(ctx context.Context, from HandleState) bool {
+	for {
+		// The channel is taken before the state is read: a change after
+		// the read closes it.
+		s.mu.Lock()
+		if s.ch == nil {
+			s.ch = make(chan struct{})
+		}
+		ch := s.ch
+		s.mu.Unlock()
+		if s.get() != from {
+			return true
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return false
+		}
+	}
 }
 
 func capabilitiesOf(caps conn.Capabilities) ServerCapabilities {

@@ -74,7 +74,7 @@ func (w *WorkerHandle) streamBarrier(o transferOptions) (*streamEvent, error) {
 // transfer goroutine until the deadline only, and the transfer fails having
 // sent nothing.
 func (e *streamEvent) wait(deadline time.Time) error {
-	pause := streamPollMin
+	var pause time.Duration
 	for {
 		done, err := e.rt.EventQuery(e.dep.device, e.ev)
 		if err != nil {
@@ -90,8 +90,8 @@ func (e *streamEvent) wait(deadline time.Time) error {
 		if left <= 0 {
 			return fmt.Errorf("stream %#x of device %d: %w", e.dep.stream, e.dep.device, errStreamLate)
 		}
+		pause = streamPolling.Next(pause)
 		time.Sleep(min(pause, left))
-		pause = min(2*pause, streamPollMax)
 	}
 }
 

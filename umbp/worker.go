@@ -80,38 +80,16 @@ func (r *StandaloneRuntime) NewWorkerHandle(ctx context.Context, namespace strin
 	}
 	w.pool = pool
 	w.jobs = newJobSet(&w.stats)
-	l, err := newLink(ctx, r, w.reregister, w.replaced)
+	l, err := newLink(ctx, r.cfg, w.regions, w.replaced)
 	if err != nil {
 		pool.Shutdown()
-		return nil, err
+		return nil, r.attachError(err)
 	}
 	w.link = l
 	w.staging = newStagingPool(w.regions, l, w.timeout)
 	c := l.conn()
 	r.cfg.Logger.Debug("UMBP standalone worker attached", "endpoint", r.cfg.Endpoint, "client_id", c.ClientID(), "ranged_io", c.Capabilities().RangedIO)
 	return w, nil
-}
-
-// reregister registers every region of the handle with the server behind
-// c: the attach hook of the handle's link, run after a server restart.
-func (w *WorkerHandle) reregister(ctx context.Context, c *conn.Conn) error {
-	if err := w.regions.lockReg(ctx); err != nil {
-		return err
-	}
-	defer w.regions.unlockReg()
-	for _, r := range w.regions.all() {
-		var err error
-		switch {
-		case r.host != nil:
-			err = c.RegisterHost(ctx, r.host.fd, r.base, r.size)
-		case r.gpu != nil:
-			err = r.gpu.register(ctx, c, r.base, r.size)
-		}
-		if err != nil {
-			return fmt.Errorf("re-register %s: %w", strings.Join(r.names, ", "), err)
-		}
-	}
-	return nil
 }
 
 // replaced runs once the link attached to a new server: the old
@@ -156,11 +134,19 @@ func (w *WorkerHandle) leave(old *conn.Conn) []*TransferJob {
 }
 
 // State reports whether the handle is connected, reconnecting or closed.
-func (w *WorkerHandle) State() HandleState { return HandleState(w.link.state.Load()) }
+func (w *WorkerHandle) State() HandleState { return w.link.st.get() }
+
+// WaitForStateChange waits until the handle's state differs from from, as
+// grpc.ClientConn.WaitForStateChange does: it returns true once State()
+// is not from, and false if ctx ends first. See
+// SchedulerHandle.WaitForStateChange.
+func (w *WorkerHandle) WaitForStateChange(ctx context.Context, from HandleState) bool {
+	return w.link.st.waitForChange(ctx, from)
+}
 
 // Stats returns a snapshot of the handle's health and counters.
 func (w *WorkerHandle) Stats() Stats {
-	s := Stats{State: w.State(), Capabilities: w.link.capabilities(), Reconnects: w.link.reconnects.Load(), Transfers: w.stats.snapshot()}
+	s := Stats{State: w.State(), Capabilities: w.link.capabilities(), Reconnects: w.link.st.reconnects.Load(), Transfers: w.stats.snapshot()}
 	s.Transfers.Blocked = int(w.jobs.blocked.Load())
 	return s
 }
@@ -251,15 +237,7 @@ func (w *WorkerHandle) registerClaimed(ctx context.Context, name string, b Buffe
 	if w.regions.addHostName(name, hb) {
 		return nil
 	}
-	if err := hb.acquire(); err != nil {
-		return err
-	}
-	if err := c.RegisterHost(ctx, hb.fd, hb.base(), hb.mappedSize()); err != nil {
-		hb.release()
-		return err
-	}
-	w.regions.add(&memRegion{names: []string{name}, base: hb.base(), size: hb.mappedSize(), loc: LocationHost, host: hb})
-	return nil
+	return w.regions.addHost(ctx, c, hb, name)
 }
 
 // Store stores the plans' blocks in the pool and returns at once with a

@@ -30,12 +30,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 
 	"github.com/umbp-go/umbp-go/internal/rpc"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/stats"
@@ -50,9 +48,6 @@ type Options struct {
 	// absolute path and "unix:/abs/path" are accepted too). The fd-handoff
 	// socket path is derived from it.
 	Endpoint string
-	// StartupTimeout bounds Dial's wait for Ping to answer ready=true; it
-	// must be positive.
-	StartupTimeout time.Duration
 	// NodeID, NodeAddress and Tags are the worker identity forwarded in
 	// every RegisterMemory; all optional, and valid UTF-8 (the caller
 	// checked them: a proto3 string must be).
@@ -104,11 +99,11 @@ type Conn struct {
 	trust    *Trust
 	log      *slog.Logger
 
-	// dialFail, while Dial waits for the server, ends that wait with the
-	// error of a connection refused by the trust check.
-	dialFail atomic.Pointer[context.CancelCauseFunc]
-	// handshake is how far the latest dial got until a server first
-	// answered: what Dial's error says of a server that never did.
+	// refusal is the error of the connection the trust check refused,
+	// which Dial returns.
+	refusal atomic.Pointer[error]
+	// handshake is how far the dial got: what Dial's error says of a
+	// server that never answered.
 	handshake atomic.Int32
 
 	cc  *grpc.ClientConn
@@ -127,20 +122,19 @@ type Conn struct {
 	caps Capabilities
 }
 
-// Dial connects to the server at opts.Endpoint and waits until its Ping
-// answers ready=true, for at most opts.StartupTimeout and while ctx lasts.
-// A server that is missing, not ready or not answering within that bound is
-// an error wrapping ErrUnavailable that names the address. A server that
-// fails the trust check (see Options.Trust) is an error wrapping
-// ErrUntrustedServer that says what was wrong, returned as soon as the
-// check fails.
+// Dial makes one attempt to attach to the server at opts.Endpoint, within
+// ctx: it connects to the server's socket, once the socket files and the
+// process serving them pass the trust check (see Options.Trust), and asks
+// Ping once. A server that is missing, not ready or not answering before
+// ctx ends is an error wrapping ErrUnavailable that says what was found, in
+// words an operator acts on, without the endpoint (the caller names it). A
+// server that fails the trust check is an error wrapping
+// ErrUntrustedServer that says what was wrong. Dial never retries: whoever
+// waits for a server to come up paces the attempts.
 func Dial(ctx context.Context, opts Options) (*Conn, error) {
 	grpcPath, fdPath, err := fdpass.SocketPaths(opts.Endpoint)
 	if err != nil {
 		return nil, fmt.Errorf("dial: %w: %w", ErrInvalidArgument, err)
-	}
-	if opts.StartupTimeout <= 0 {
-		return nil, rpc.Invalid("dial", "startup timeout %v is not positive", opts.StartupTimeout)
 	}
 	tr := opts.Trust
 	if tr == nil {
@@ -150,7 +144,6 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 	if err := tr.checkFilesIfPresent(grpcPath, fdPath); err != nil {
 		return nil, err
 	}
-	startup := opts.StartupTimeout
 	log := opts.Logger
 	if log == nil {
 		log = slog.Default()
@@ -187,16 +180,6 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 			grpc.MaxCallRecvMsgSize(rpc.MaxMessageSize),
 			grpc.MaxCallSendMsgSize(rpc.MaxMessageSize),
 		),
-		// A restarted server is found within about a second.
-		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff: backoff.Config{
-				BaseDelay:  redialBase,
-				Multiplier: redialMultiplier,
-				Jitter:     redialJitter,
-				MaxDelay:   redialMax,
-			},
-			MinConnectTimeout: redialMinConnect,
-		}),
 		// Stay connected: State reflects the server, not idleness.
 		grpc.WithIdleTimeout(0),
 		grpc.WithUserAgent("umbp-go"),
@@ -207,23 +190,13 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 	}
 	c.cc = cc
 	c.raw = umbppb.NewUMBPStandaloneClient(cc)
-	// A connection refused by the trust check ends the wait at once.
-	wctx, fail := context.WithCancelCause(ctx)
-	c.dialFail.Store(&fail)
-	cc.Connect()
-	caps, err := c.waitReady(wctx, startup)
-	c.dialFail.Store(nil)
-	cause := context.Cause(wctx)
-	fail(nil)
-	if err == nil && !errors.Is(cause, ErrUntrustedServer) {
-		cause = c.trust.checkFilesIfPresent(fdPath) // it may have appeared since
-	}
-	if errors.Is(cause, ErrUntrustedServer) {
-		_ = cc.Close()
-		return nil, cause
+	caps, err := c.attach(ctx)
+	if err == nil {
+		err = c.trust.checkFilesIfPresent(fdPath) // it may have appeared since
 	}
 	if err != nil {
 		_ = cc.Close()
+		c.peers.close()
 		return nil, err
 	}
 	c.setCaps(caps)
@@ -232,6 +205,35 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 	c.attached.Store(true)
 	c.log.Debug("connected to the UMBP server", "ranged_io", caps.RangedIO, "mode", caps.Mode.String())
 	return c, nil
+}
+
+// attach connects the channel and asks Ping once: the call fails as soon as
+// the connection does (no socket, nobody listening, refused by the trust
+// check), or when ctx ends.
+func (c *Conn) attach(ctx context.Context) (Capabilities, error) {
+	c.cc.Connect()
+	resp, err := c.raw.Ping(ctx, &umbppb.Empty{})
+	if refused := c.refusal.Load(); refused != nil {
+		return Capabilities{}, *refused
+	}
+	switch {
+	case err != nil:
+		what := c.diagnose(err)
+		if cerr := ctx.Err(); cerr != nil {
+			return Capabilities{}, fmt.Errorf("%w: %s: %w", ErrUnavailable, what, cerr)
+		}
+		return Capabilities{}, fmt.Errorf("%w: %s", ErrUnavailable, what)
+	case !resp.GetReady():
+		return Capabilities{}, fmt.Errorf("%w: the server answered ready=false (still starting?)", ErrUnavailable)
+	}
+	// The channel's state lags the call that just went through: let it
+	// catch up, so that State is READY once Dial returns.
+	for s := c.cc.GetState(); s == connectivity.Connecting || s == connectivity.Idle; s = c.cc.GetState() {
+		if !c.cc.WaitForStateChange(ctx, s) {
+			break
+		}
+	}
+	return capsOf(resp), nil
 }
 
 // dialGRPC is the transport's dialer: it connects to the gRPC socket and
@@ -269,7 +271,7 @@ func (c *Conn) dialGRPC(ctx context.Context, _ string) (net.Conn, error) {
 	if err := c.trust.checkConn(c.grpcPath, nc.(*net.UnixConn)); err != nil {
 		_ = nc.Close()
 		if errors.Is(err, ErrUntrustedServer) {
-			c.refused(err)
+			c.refusal.CompareAndSwap(nil, &err)
 		}
 		return nil, err
 	}
@@ -291,72 +293,6 @@ var errTransportLost = errors.New("the connection's transport was lost; it is no
 // Transports returns how many transports the connection has opened: those
 // Dial opened while it waited for the server, never more.
 func (c *Conn) Transports() uint64 { return c.dials.Load() }
-
-// refused reports a connection refused by the trust check to Dial, which
-// returns it. (It is refused only while Dial waits: no transport is dialled
-// after.)
-func (c *Conn) refused(err error) {
-	if f := c.dialFail.Load(); f != nil {
-		(*f)(err)
-	}
-}
-
-// waitReady pings until the server answers ready=true, for at most startup
-// and while ctx lasts.
-func (c *Conn) waitReady(ctx context.Context, startup time.Duration) (Capabilities, error) {
-	start := time.Now()
-	sctx, cancel := context.WithTimeout(ctx, startup)
-	defer cancel()
-	pause := pingPauseMin
-	var last error
-	for attempt := 1; ; attempt++ {
-		actx, acancel := context.WithTimeout(sctx, pingAttempt)
-		resp, err := c.raw.Ping(actx, &umbppb.Empty{}, grpc.WaitForReady(true))
-		acancel()
-		switch {
-		case err != nil:
-			// An attempt cut short by the end of the wait says less
-			// than the one before it.
-			if last == nil || sctx.Err() == nil {
-				last = err
-			}
-		case !resp.GetReady():
-			last = errors.New("server answered ready=false")
-		default:
-			// The channel's state lags the call that just went through:
-			// let it catch up, so that State is READY once Dial returns.
-			for s := c.cc.GetState(); s == connectivity.Connecting || s == connectivity.Idle; s = c.cc.GetState() {
-				if !c.cc.WaitForStateChange(sctx, s) {
-					break
-				}
-			}
-			return capsOf(resp), nil
-		}
-		c.log.Debug("waiting for the UMBP server", "attempt", attempt, "err", last)
-		if attempt == 1 && c.handshake.Load() == noSocket {
-			c.log.Info("waiting for the UMBP server's socket to appear", "socket", c.grpcPath, "for", startup)
-		}
-		if sctx.Err() != nil {
-			break
-		}
-		t := time.NewTimer(pause)
-		select {
-		case <-sctx.Done():
-		case <-t.C:
-		}
-		t.Stop()
-		if sctx.Err() != nil {
-			break
-		}
-		pause = min(2*pause, pingPauseMax)
-	}
-	// How long it waited: startup, or less when ctx ended first.
-	what := c.diagnose(last, min(time.Since(start), startup).Round(time.Millisecond))
-	if cerr := ctx.Err(); cerr != nil {
-		return Capabilities{}, fmt.Errorf("%w: %s: %w", ErrUnavailable, what, cerr)
-	}
-	return Capabilities{}, fmt.Errorf("%w: %s", ErrUnavailable, what)
-}
 
 func capsOf(resp *umbppb.PingResponse) Capabilities {
 	return Capabilities{

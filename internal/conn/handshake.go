@@ -2,12 +2,13 @@ package conn
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"sync/atomic"
 	"syscall"
-	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // How far the latest dial of a connection got, until a server first
@@ -45,27 +46,25 @@ func (f *firstRead) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// diagnose says why a server never answered Dial's pings within waited,
-// from how far the dials got and the last attempt's error, in words an
-// operator acts on.
-func (c *Conn) diagnose(last error, waited time.Duration) string {
-	what := "no answer"
-	if last != nil {
-		what = "last attempt: " + last.Error()
-	}
+// diagnose says why a server did not answer Dial's Ping, from how far the
+// dial got and the call's error, in words an operator acts on.
+func (c *Conn) diagnose(err error) string {
 	switch c.handshake.Load() {
 	case noSocket:
-		return fmt.Sprintf("no socket file there; start umbp_standalone_server on this host first (waited %v)", waited)
+		return "no socket file there; start umbp_standalone_server on this host first"
 	case noListener:
 		return "its socket file is there but no server listens on it (a server that exited without removing it?); start umbp_standalone_server again"
 	case noAccess:
-		return "its socket file may not be connected to by this user: " + what
+		return "its socket file may not be connected to by this user: " + err.Error()
 	case silent:
-		return fmt.Sprintf("a process accepted the connection but never answered within %v (a stopped or overloaded server?)", waited)
+		return "a process accepted the connection but never answered (a stopped or overloaded server?)"
 	case hungUp:
 		return "the socket hung up without speaking gRPC (the server's fd-handoff socket, or another program's?)"
 	case answered:
-		return fmt.Sprintf("the server was not ready within %v (stalled, or still starting?); %s", waited, what)
+		if c := status.Code(err); c == codes.DeadlineExceeded || c == codes.Canceled {
+			return "the server was not ready (stalled, or still starting?)"
+		}
+		return "the server was not ready (stalled, or still starting?): " + err.Error()
 	}
-	return fmt.Sprintf("not ready within %v; %s", waited, what)
+	return err.Error()
 }

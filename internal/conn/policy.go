@@ -1,8 +1,6 @@
 package conn
 
 import (
-	"time"
-
 	"github.com/umbp-go/umbp-go/internal/rpc"
 )
 
@@ -27,26 +25,6 @@ const (
 	partRanges    = 8192
 	partBytes     = 32 << 20
 	partsInFlight = 4
-)
-
-// Attaching: Dial pings until the server answers ready, each attempt
-// bounded by pingAttempt, pausing from pingPauseMin, doubling up to
-// pingPauseMax, between attempts.
-const (
-	pingAttempt  = time.Second
-	pingPauseMin = 20 * time.Millisecond
-	pingPauseMax = 250 * time.Millisecond
-)
-
-// gRPC's redial while Dial waits for the server (a Conn that Dial returned
-// never redials), which finds a server that has just started within about a
-// second.
-const (
-	redialBase       = 50 * time.Millisecond
-	redialMultiplier = 1.6
-	redialJitter     = 0.2
-	redialMax        = time.Second
-	redialMinConnect = time.Second
 )
 
 // maxRecycledRanges bounds the ranged requests kept for reuse: 64 Ki

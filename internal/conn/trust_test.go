@@ -323,7 +323,7 @@ func TestDialRefusesWritableSocket(t *testing.T) {
 				t.Fatal(err)
 			}
 			start := time.Now()
-			c, err := Dial(context.Background(), Options{Endpoint: f.endpoint, StartupTimeout: 10 * time.Second, Logger: quietLog})
+			c, err := Dial(context.Background(), Options{Endpoint: f.endpoint, Logger: quietLog})
 			if err == nil {
 				_ = c.Close()
 			}
@@ -341,45 +341,11 @@ func TestDialRefusesWritableSocket(t *testing.T) {
 	}
 }
 
-// TestDialRefusesBadSocketAppearingLate: a socket that appears while Dial
-// waits for the server is judged by the transport's dialer, and Dial returns
-// its verdict at once.
-func TestDialRefusesBadSocketAppearingLate(t *testing.T) {
-	f := startFake(t)
-	grpcPath, _, _ := fdpass.SocketPaths(f.endpoint)
-	if err := os.Chmod(grpcPath, 0o666); err != nil {
-		t.Fatal(err)
-	}
-	late := filepath.Join(shortDir(t), "n.grpc.sock")
-	done := make(chan error, 1)
-	go func() {
-		c, err := Dial(context.Background(), Options{Endpoint: late, StartupTimeout: 10 * time.Second, Logger: quietLog})
-		if err == nil {
-			_ = c.Close()
-		}
-		done <- err
-	}()
-	time.Sleep(100 * time.Millisecond)
-	// The socket, already mode 0666, appears at the path Dial waits on.
-	if err := os.Rename(grpcPath, late); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		wantUntrusted(t, "Dial", err, late, "writable by others (mode 0666)")
-	case <-time.After(5 * time.Second):
-		t.Fatal("Dial did not return within 5s")
-	}
-	if calls := f.take(); len(calls) != 0 {
-		t.Fatalf("the server saw %v", calls)
-	}
-}
-
 func TestDialRefusesForeignServer(t *testing.T) {
 	requireRoot(t)
 	f := startForeign(t, worldDir(t))
 	dial := func() error {
-		c, err := Dial(context.Background(), Options{Endpoint: f.endpoint, StartupTimeout: 10 * time.Second, Logger: quietLog})
+		c, err := Dial(context.Background(), Options{Endpoint: f.endpoint, Logger: quietLog})
 		if err == nil {
 			_ = c.Close()
 		}
@@ -444,7 +410,7 @@ func TestServerSwappedAfterDial(t *testing.T) {
 	if _, err := c.Ping(ctx); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("Ping: %v, want ErrUnavailable", err)
 	}
-	o := Options{Endpoint: f.endpoint, StartupTimeout: 5 * time.Second, Logger: quietLog}
+	o := Options{Endpoint: f.endpoint, Logger: quietLog}
 	if d, err := Dial(ctx, o); !errors.Is(err, ErrUntrustedServer) {
 		if d != nil {
 			d.Close()
@@ -502,7 +468,7 @@ func TestDialRefusesUntrustedOwnerAsAnyUser(t *testing.T) {
 	grpcPath, fdPath, _ := fdpass.SocketPaths(f.endpoint)
 	tr, owner := strangerTrust(t, grpcPath, fdPath)
 	start := time.Now()
-	c, err := Dial(context.Background(), Options{Endpoint: f.endpoint, StartupTimeout: 10 * time.Second, Logger: quietLog, Trust: tr})
+	c, err := Dial(context.Background(), Options{Endpoint: f.endpoint, Logger: quietLog, Trust: tr})
 	if err == nil {
 		_ = c.Close()
 	}

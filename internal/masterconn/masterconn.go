@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"google.golang.org/grpc"
@@ -24,6 +25,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/stats"
 
+	"github.com/umbp-go/umbp-go/internal/backoff"
 	"github.com/umbp-go/umbp-go/internal/encoded"
 	"github.com/umbp-go/umbp-go/internal/rpc"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
@@ -52,6 +54,9 @@ type Options struct {
 	MaxReplyBytes int
 	MaxNodes      int
 	StatsHandler  stats.Handler
+	// Redial paces gRPC's redials of a lost master: a master that came
+	// back is used again within about Redial.Max.
+	Redial backoff.Policy
 }
 
 // Conn is a channel to the master. gRPC redials it on its own.
@@ -90,6 +95,11 @@ func isLoopback(host string) bool {
 	return err == nil && ip.IsLoopback()
 }
 
+// minConnectTimeout is how long one connection attempt may take (gRPC's
+// own default): a master that accepts TCP but does not speak is given up on
+// after it, and the call waiting for it ends at its own deadline first.
+const minConnectTimeout = 20 * time.Second
+
 // New makes a channel to the master; it does no I/O.
 func New(opts Options) (*Conn, error) {
 	if err := CheckAddress(opts.Address, opts.Creds == nil, opts.AllowPlaintext); err != nil {
@@ -109,6 +119,7 @@ func New(opts Options) (*Conn, error) {
 		// Never idle: a lost connection is redialled at once, not at the
 		// next call, so that State says when the master is back.
 		grpc.WithIdleTimeout(0),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: opts.Redial.GRPC(), MinConnectTimeout: minConnectTimeout}),
 	}
 	if opts.StatsHandler != nil {
 		dopts = append(dopts, grpc.WithStatsHandler(opts.StatsHandler))
