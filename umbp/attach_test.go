@@ -63,7 +63,7 @@ func TestAttachWaitsForTheServer(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		h, err := rt.NewSchedulerHandle(context.Background(), "t", umbp.RankTopology{}, nil)
+		h, err := rt.NewSchedulerHandle(context.Background())
 		done <- result{h, err}
 	}()
 	select {
@@ -103,7 +103,7 @@ func TestAttachRefusesBadSocketAppearingLate(t *testing.T) {
 	rt := newRuntime(t, cfg)
 	done := make(chan error, 1)
 	go func() {
-		h, err := rt.NewSchedulerHandle(context.Background(), "t", umbp.RankTopology{}, nil)
+		h, err := rt.NewSchedulerHandle(context.Background())
 		if err == nil {
 			h.Close()
 		}

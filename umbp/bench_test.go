@@ -55,7 +55,7 @@ func lookupBench(b *testing.B, prefix string) (*umbp.SchedulerHandle, umbppb.UMB
 	if err := e.w.Wait(ctx, job); err != nil || job.Status() != umbp.JobCompleted {
 		b.Fatalf("seed: %v %s", err, job.Err())
 	}
-	h, err := rt.NewSchedulerHandle(ctx, "bench", umbp.RankTopology{}, nil)
+	h, err := rt.NewSchedulerHandle(ctx)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -130,7 +130,7 @@ func BenchmarkTransfer(b *testing.B) {
 		plans := src.plans(b, c.name, ids(c.objects)...)
 		src.fill(plans, 7)
 		clear(dst.buf.Bytes())
-		sched, err := rt.NewSchedulerHandle(context.Background(), "bench", umbp.RankTopology{}, nil)
+		sched, err := rt.NewSchedulerHandle(context.Background())
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -75,7 +75,7 @@ func FuzzHostileMaster(f *testing.F) {
 			t.Fatalf("LookupPrefix = %d", n)
 		}
 		for _, c := range [][]string{cands, nil} {
-			s, err := h.Score(ctx, umbp.ScoreRequest{Candidates: c, Hashes: keys})
+			s, err := h.Score(ctx, umbp.ScoreRequest{Candidates: c, BlockHashes: keys})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -84,7 +84,7 @@ func newClusterHandle(t testing.TB, cfg umbp.ClusterConfig) *umbp.SchedulerHandl
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := rt.NewSchedulerHandle(context.Background(), "ns", umbp.RankTopology{}, nil)
+	h, err := rt.NewSchedulerHandle(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +232,7 @@ func TestClusterCloseWhileStalled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := rt.NewSchedulerHandle(context.Background(), "ns", umbp.RankTopology{}, nil)
+	h, err := rt.NewSchedulerHandle(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +260,7 @@ func TestClusterStartupTimeoutOnStalledMaster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = rt.NewSchedulerHandle(context.Background(), "ns", umbp.RankTopology{}, nil)
+	_, err = rt.NewSchedulerHandle(context.Background())
 	if !errors.Is(err, context.DeadlineExceeded) || strings.Count(err.Error(), m.Addr()) != 1 {
 		t.Fatalf("NewSchedulerHandle on a stalled master = %v", err)
 	}
@@ -296,9 +296,9 @@ func TestClusterScore(t *testing.T) {
 	h := newClusterHandle(t, clusterConfig(t, m.Addr()))
 	ctx := context.Background()
 	req := umbp.ScoreRequest{
-		Candidates: []string{"n3", "n2", "n1", "ghost"},
-		Hashes:     []string{"b0", "b1", "b2", "b3"},
-		Weights:    umbp.TierWeights{HBM: 1, DRAM: 0.5, SSD: 0.25},
+		Candidates:  []string{"n3", "n2", "n1", "ghost"},
+		BlockHashes: []string{"b0", "b1", "b2", "b3"},
+		Weights:     umbp.TierWeights{HBM: 1, DRAM: 0.5, SSD: 0.25},
 	}
 	s, err := h.Score(ctx, req)
 	if err != nil {
@@ -324,7 +324,7 @@ func TestClusterScore(t *testing.T) {
 		t.Errorf("calls: %d matches, %d lookups", m.Calls("MatchExternalKv"), m.Calls("BatchLookup"))
 	}
 	// Scoring counts no hits: the index's hit counts stay as they were.
-	if hc, err := raw.GetExternalKvHitCounts(ctx, &umbppb.GetExternalKvHitCountsRequest{Hashes: req.Hashes}); err != nil || len(hc.GetEntries()) != 0 {
+	if hc, err := raw.GetExternalKvHitCounts(ctx, &umbppb.GetExternalKvHitCountsRequest{Hashes: req.BlockHashes}); err != nil || len(hc.GetEntries()) != 0 {
 		t.Errorf("hit counts after scoring = %v, %v; want none", hc, err)
 	}
 	// A node that unregisters drops out of the scores.
@@ -375,7 +375,7 @@ func TestClusterBadAnswersAreMisses(t *testing.T) {
 	defer srv.Stop()
 	h := newClusterHandle(t, clusterConfig(t, lis.Addr().String()))
 	ctx := context.Background()
-	s, err := h.Score(ctx, umbp.ScoreRequest{Candidates: []string{"n1"}, Hashes: []string{"b0"}})
+	s, err := h.Score(ctx, umbp.ScoreRequest{Candidates: []string{"n1"}, BlockHashes: []string{"b0"}})
 	if err != nil || s.Complete || s.Nodes[0].Prefix != 0 || s.Best != -1 || s.PoolPrefix != 0 {
 		t.Errorf("Score from a forging master = %+v, %v; want nothing", s, err)
 	}
@@ -394,7 +394,7 @@ func TestClusterScoreEveryNode(t *testing.T) {
 	newFakeNode(t, raw, "a", nil).report(t, umbppb.TierType_TIER_DRAM, "b0", "b1")
 	newFakeNode(t, raw, "m", nil)
 	h := newClusterHandle(t, clusterConfig(t, m.Addr()))
-	s, err := h.Score(context.Background(), umbp.ScoreRequest{Hashes: []string{"b0", "b1"}})
+	s, err := h.Score(context.Background(), umbp.ScoreRequest{BlockHashes: []string{"b0", "b1"}})
 	if err != nil || len(s.Nodes) != 2 || s.Nodes[0].Node != "a" || s.Nodes[0].Prefix != 2 || s.Nodes[1].Node != "z" || s.Best != 0 {
 		t.Fatalf("Score without candidates = %+v, %v", s, err)
 	}
@@ -428,7 +428,7 @@ func TestClusterErrorsSayItOnce(t *testing.T) {
 	cfg := clusterConfig(t, m.Addr())
 	cfg.StartupTimeout = 50 * time.Millisecond
 	rt, _ := umbp.NewClusterRuntime(cfg)
-	_, err = rt.NewSchedulerHandle(ctx, "ns", umbp.RankTopology{}, nil)
+	_, err = rt.NewSchedulerHandle(ctx)
 	once("attach to a stalled master", err, m.Addr())
 	m.Resume()
 
@@ -494,12 +494,14 @@ func TestClusterLookupTokens(t *testing.T) {
 	newFakeNode(t, raw, "n1", keys.Keys[:1])
 	newFakeNode(t, raw, "n2", keys.Keys[1:3]) // blocks 0-2 across two nodes
 	h := newClusterHandle(t, clusterConfig(t, m.Addr()))
-	n, err := h.LookupTokens(context.Background(), keyer, prompt, vllmhash.ExtraKeys{})
-	if err != nil || n != 48 {
-		t.Fatalf("LookupTokens = %d, %v; want 48", n, err)
+	if n := h.LookupTokens(context.Background(), keys); n != 48 {
+		t.Fatalf("LookupTokens = %d; want 48", n)
 	}
-	s, err := h.ScoreTokens(context.Background(), keyer, prompt, vllmhash.ExtraKeys{}, []string{"n1"}, umbp.TierWeights{})
-	if err != nil || s.PoolTokens != 48 || s.Tokens[0] != 0 {
-		t.Fatalf("ScoreTokens = %+v, %v", s, err)
+	s, err := h.Score(context.Background(), umbp.ScoreRequest{Candidates: []string{"n1"}, Prompt: keys})
+	if err != nil || s.PoolTokens != 48 || s.Nodes[0].Tokens != 0 {
+		t.Fatalf("Score of a prompt = %+v, %v", s, err)
+	}
+	if _, err := h.Score(context.Background(), umbp.ScoreRequest{Prompt: keys, BlockHashes: keys.Keys}); !errors.Is(err, umbp.ErrInvalidKey) {
+		t.Fatalf("Score of a prompt and hashes both = %v, want ErrInvalidKey", err)
 	}
 }

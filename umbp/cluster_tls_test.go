@@ -86,7 +86,7 @@ func TestClusterTransportCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := rt.NewSchedulerHandle(context.Background(), "ns", umbp.RankTopology{}, nil); err == nil {
+	if _, err := rt.NewSchedulerHandle(context.Background()); err == nil {
 		t.Error("a plaintext handle attached to a TLS master")
 	}
 

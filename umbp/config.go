@@ -8,23 +8,26 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/stats"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
 	"github.com/umbp-go/umbp-go/internal/fdpass"
+	"github.com/umbp-go/umbp-go/internal/masterconn"
+	"github.com/umbp-go/umbp-go/internal/rpc"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
-// Defaults applied by [NewStandaloneRuntime] to zero Config fields.
+// Defaults applied to zero fields of a [Config] or [ClusterConfig].
 const (
 	DefaultNumWorkers     = 4
 	DefaultTimeout        = 30 * time.Second
 	DefaultLookupTimeout  = time.Second
 	DefaultStartupTimeout = 30 * time.Second
+	// DefaultLoadFailureQuarantine is vLLM's load_failure_quarantine_ms in
+	// distributed mode: the master's handles quarantine by default.
+	DefaultLoadFailureQuarantine = 30 * time.Second
 )
-
-// ErrInvalidConfig is matched by every configuration error.
-var ErrInvalidConfig = errors.New("umbp: invalid configuration")
 
 // Config configures a [StandaloneRuntime]. Only Endpoint is required.
 type Config struct {
@@ -159,7 +162,7 @@ func settleTimeouts(what string, timeout, lookup, startup *time.Duration) error 
 // its derived fd-handoff socket) does not fit a Unix socket address.
 func NormalizeEndpoint(endpoint string) (string, error) {
 	ep, _, _, err := splitEndpoint(endpoint)
-	return ep, public(err)
+	return ep, invalid(err)
 }
 
 // splitEndpoint returns the normalized endpoint and its two sockets' paths.
@@ -196,3 +199,85 @@ func (s settings) checkMode(c *conn.Conn) error {
 	}
 	return nil
 }
+
+// MasterMode is the Mode of [ServerCapabilities] for a handle attached to
+// MORI's UMBP master.
+const MasterMode = "UMBP_MASTER"
+
+// ClusterConfig configures a [ClusterRuntime]: a scheduler's or a router's
+// view of a distributed pool through MORI's UMBP master. Only Master is
+// required.
+type ClusterConfig struct {
+	// Master is the master's address, host:port.
+	Master string
+	// TransportCredentials secure the channel to the master (TLS, mutual
+	// TLS: credentials.NewTLS). MORI's master serves plaintext without
+	// authentication; nil means plaintext, which is allowed only to a
+	// loopback address ("localhost", 127.0.0.0/8, ::1) unless
+	// AllowPlaintext.
+	TransportCredentials credentials.TransportCredentials
+	// AllowPlaintext allows plaintext to any address: whoever is on the
+	// path can read the keys a scheduler asks about and forge the answers.
+	AllowPlaintext bool
+	// LookupTimeout bounds each call, as Config.LookupTimeout does. Zero
+	// means DefaultLookupTimeout.
+	LookupTimeout time.Duration
+	// Timeout bounds Close and each call's RPC at the master: a call that
+	// overran LookupTimeout holds later calls off (they answer misses at
+	// once) until it returns or Timeout passes. Zero means DefaultTimeout.
+	Timeout time.Duration
+	// StartupTimeout bounds the wait for the master to answer when a handle
+	// is made. Zero means DefaultStartupTimeout.
+	StartupTimeout time.Duration
+	// LoadFailureQuarantine is how long a key whose load failed
+	// ([SchedulerHandle.QuarantineKeys]) answers as a miss. Zero means
+	// DefaultLoadFailureQuarantine; negative turns quarantine off.
+	LoadFailureQuarantine time.Duration
+	// MaxReplyBytes bounds one answer of the master (0: the protocol's
+	// message limit, 64 MiB); MaxNodes bounds the nodes one match may name
+	// (0: 4096). An answer over either is a miss.
+	MaxReplyBytes int
+	MaxNodes      int
+	// Logger receives the package's warnings. Nil means slog.Default().
+	Logger *slog.Logger
+	// StatsHandler, when not nil, is installed on each handle's channel.
+	StatsHandler stats.Handler
+}
+
+func (c ClusterConfig) withDefaults() (ClusterConfig, error) {
+	if !utf8.ValidString(c.Master) {
+		return c, fmt.Errorf("%w: ClusterConfig.Master is not valid UTF-8", ErrInvalidConfig)
+	}
+	if err := masterconn.CheckAddress(c.Master, c.TransportCredentials == nil, c.AllowPlaintext); err != nil {
+		return c, fmt.Errorf("%w: ClusterConfig.Master %q: %w", ErrInvalidConfig, c.Master, err)
+	}
+	if err := settleTimeouts("ClusterConfig", &c.Timeout, &c.LookupTimeout, &c.StartupTimeout); err != nil {
+		return c, err
+	}
+	if c.LoadFailureQuarantine == 0 {
+		c.LoadFailureQuarantine = DefaultLoadFailureQuarantine
+	}
+	if c.MaxReplyBytes < 0 || c.MaxNodes < 0 {
+		return c, fmt.Errorf("%w: ClusterConfig.MaxReplyBytes and MaxNodes must not be negative", ErrInvalidConfig)
+	}
+	if c.MaxReplyBytes == 0 {
+		c.MaxReplyBytes = rpc.MaxMessageSize
+	}
+	if c.MaxNodes == 0 {
+		c.MaxNodes = rpc.MaxNodes
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c, nil
+}
+
+// DistributedMode is the Mode of [ServerCapabilities] of a standalone
+// server whose backend is a node of a distributed pool (MORI's
+// STANDALONE_BACKEND_DISTRIBUTED): its lookups are cluster-wide and it
+// forwards the external-KV calls to the master.
+const DistributedMode = "STANDALONE_BACKEND_DISTRIBUTED"
+
+// errNotDistributed refuses a server that is not in distributed mode when
+// Config.RequireDistributed asks for one.
+var errNotDistributed = errors.New("the server's deployment mode is not " + DistributedMode + " (Config.RequireDistributed)")

@@ -128,7 +128,7 @@ func TestStagingBufferNotReusedChild(t *testing.T) {
 	cfg.Timeout = 5 * time.Second
 	cfg.LookupTimeout = time.Minute // held until the parent has stalled stores
 	rt := newRuntime(t, cfg)
-	sched, err := rt.NewSchedulerHandle(t.Context(), "test", umbp.RankTopology{}, nil)
+	sched, err := rt.NewSchedulerHandle(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func startChild(t *testing.T, name, endpoint string) func() string {
 // newBareEngine is a worker with buf registered and no layout.
 func newBareEngine(t *testing.T, rt *umbp.StandaloneRuntime, buf *umbp.HostBuffer) *umbp.WorkerHandle {
 	t.Helper()
-	w, err := rt.NewWorkerHandle(t.Context(), "child", umbp.RankTopology{}, nil)
+	w, err := rt.NewWorkerHandle(t.Context(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,15 +7,66 @@ import (
 	"github.com/umbp-go/umbp-go/internal/errdefs"
 )
 
+// OpError is the error of the package's functions and methods: the
+// operation, the server it asked, and what happened, in the manner of
+// *net.OpError. Its text reads "umbp: <op> at <server>: <what happened>"
+// ("umbp: <what happened>" for input refused before any server was
+// involved), so the package's name and the server are said once. Get it
+// with errors.As; match what happened with errors.Is against the
+// sentinels below, which it wraps.
+//
+// The errors of single keys ([TransferJob.KeyErr]) are parts of their job's
+// error and carry neither the prefix nor the server.
+type OpError struct {
+	// Op is the operation, in words: "attach", "register buffers",
+	// "store", "load", "close", "clear", "ping", "report external KV",
+	// "match external KV"; empty for input refused before any server
+	// was asked (a bad configuration, key, plan, layout or topology).
+	Op string
+	// Addr is the server asked: a standalone server's endpoint
+	// ("unix:///run/umbp/node0.grpc.sock") or the master's address
+	// (host:port); empty when no server was involved.
+	Addr string
+	// Err is what happened.
+	Err error
+}
+
+// Error reads "umbp: <op> at <server>: <err>".
+func (e *OpError) Error() string {
+	switch {
+	case e.Op == "" && e.Addr == "":
+		return "umbp: " + e.Err.Error()
+	case e.Addr == "":
+		return "umbp: " + e.Op + ": " + e.Err.Error()
+	}
+	return "umbp: " + e.Op + " at " + e.Addr + ": " + e.Err.Error()
+}
+
+// Unwrap returns what happened.
+func (e *OpError) Unwrap() error { return e.Err }
+
+// opError is the one place an error leaves the package: err as the failure
+// of op at addr; nil stays nil, and an *OpError stays as it is (it says its
+// operation already).
+func opError(op, addr string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var oe *OpError
+	if errors.As(err, &oe) {
+		return err
+	}
+	return &OpError{Op: op, Addr: addr, Err: err}
+}
+
+// invalid is the error of input refused before any server was asked.
+func invalid(err error) error { return opError("", "", err) }
+
 // The error values below are what an engine acts on; the package doc's
 // table says when each appears and what to do. Every error the package
 // returns wraps at most a few of them, and keeps the server's words and the
-// connection's classification in its chain: match with errors.Is.
-//
-// An error a function or method of the package returns reads "umbp:" once,
-// at its start, and names the server's endpoint once where a server was
-// asked; the values below, and the errors of single keys (KeyErr), carry
-// neither, since they are parts of such an error.
+// connection's classification in its chain: match with errors.Is. None of
+// them says "umbp:": the *OpError that carries them does, once.
 var (
 	// ErrNotAttempted means a key's transfer never touched the server or
 	// the key's memory: the engine may reuse the blocks at once and
@@ -64,6 +115,35 @@ var (
 	ErrClosed = errdefs.ErrClosed
 )
 
+// Errors of input refused before anything reaches a server. Each matches
+// what it names; the error says what is wrong.
+var (
+	// ErrInvalidConfig: a [Config] or [ClusterConfig] field.
+	ErrInvalidConfig = errors.New("invalid configuration")
+	// ErrInvalidKey: a key or key component: a bad namespace given to
+	// [NewKeyCodec], a bad hash given to [KeyCodec.KeyHex], a string
+	// [ParseKey] does not accept, a bad Score request.
+	ErrInvalidKey = errors.New("invalid key")
+	// ErrInvalidPlan: a malformed [BlockTransferPlan] or [Block], and a
+	// block a [LayoutPlanner] cannot plan.
+	ErrInvalidPlan = errors.New("invalid transfer plan")
+	// ErrInvalidLayout: a [KVLayoutDescriptor] or [KVRegion], and the
+	// block-wise calls of a worker handle made without a layout.
+	ErrInvalidLayout = errors.New("invalid KV layout")
+	// ErrInvalidTopology: a [RankTopology].
+	ErrInvalidTopology = errors.New("invalid rank topology")
+	// ErrInvalidTokenKeyConfig: a [TokenKeyConfig]; errors about its
+	// namespace or topology match [ErrInvalidKey] or [ErrInvalidTopology]
+	// too.
+	ErrInvalidTokenKeyConfig = errors.New("invalid token key config")
+	// ErrInvalidBuffer: a buffer RegisterBuffers refused before asking the
+	// server: it is empty, wraps the address space, is host memory outside
+	// a [HostBuffer] (or runs past the end of one), is GPU memory outside
+	// its allocation or on another device than it names, or its name or
+	// memory is already registered otherwise.
+	ErrInvalidBuffer = errors.New("invalid buffer")
+)
+
 // isKeySentinel reports whether err matches one of the sentinels a key's
 // error is promised to match (the package doc's table).
 func isKeySentinel(err error) bool {
@@ -87,15 +167,5 @@ var (
 	errBlocked      = errors.New("an earlier transfer is still blocked in the server")
 	errQueuedBehind = errors.New("queued behind a blocked transfer")
 	errReconnecting = fmt.Errorf("%w: re-attaching to the server", ErrUnavailable)
-	errStreamLate   = errors.New("the stream did not reach the store's event before the transfer's deadline")
-	errNilJob       = fmt.Errorf("umbp: %w: nil *TransferJob (was the error of StoreBlocks or LoadBlocks ignored?)", ErrInvalidPlan)
+	errStreamLate   = errors.New("the stream did not reach the transfer's event before its deadline")
 )
-
-// public gives an error the package's prefix, as a function of the package
-// returns it; nil stays nil.
-func public(err error) error {
-	if err == nil {
-		return nil
-	}
-	return fmt.Errorf("umbp: %w", err)
-}

@@ -152,16 +152,13 @@ func TestSentinelBuffersInUse(t *testing.T) {
 func TestNilJob(t *testing.T) {
 	srv := newServer(t, umbptest.Options{})
 	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
-	w, err := rt.NewWorkerHandle(t.Context(), "nil", umbp.RankTopology{}, nil)
+	w, err := rt.NewWorkerHandle(t.Context(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	job, err := w.StoreBlocks([]umbp.BlockTransferPlan{{Key: "k"}})
-	if job != nil || err == nil {
-		t.Fatalf("StoreBlocks without a layout = %v, %v", job, err)
-	}
 	// Every method answers a nil job without panicking.
+	var job *umbp.TransferJob
 	if err := w.Wait(t.Context(), job); !errors.Is(err, umbp.ErrInvalidPlan) {
 		t.Errorf("Wait(nil) = %v", err)
 	}
@@ -279,7 +276,7 @@ func TestImpossibleHostBuffer(t *testing.T) {
 		b.Close()
 		t.Fatal("NewHostBuffer(64 TiB) succeeded")
 	}
-	if !strings.Contains(err.Error(), "larger than this host's memory") {
+	if !strings.Contains(err.Error(), "umbp: host buffer: 70368744177664 bytes are more than this host's memory") {
 		t.Errorf("NewHostBuffer(64 TiB) = %v", err)
 	}
 }
@@ -290,8 +287,8 @@ func TestJobErrorText(t *testing.T) {
 	e := newEngine(t, rt, 2, 4, 256)
 	job := e.w.Load(e.plans(t, "absent", 0))
 	waitJob(t, e.w, job)
-	at := " at " + srv.Endpoint() + " "
-	if msg := job.Err().Error(); !strings.HasPrefix(msg, "umbp: load"+at+"failed for 1 of 1 key: not in the pool") {
+	at := " at " + srv.Endpoint() + ": "
+	if msg := job.Err().Error(); !strings.HasPrefix(msg, "umbp: load"+at+"1 of 1 key failed: not in the pool") {
 		t.Errorf("one missing key: %q", msg)
 	}
 	plans := append(e.plans(t, "absent", 0, 1), e.plans(t, "bad", 2)...)
@@ -299,7 +296,7 @@ func TestJobErrorText(t *testing.T) {
 	job = e.w.Load(plans)
 	waitJob(t, e.w, job)
 	msg := job.Err().Error()
-	for _, want := range []string{"umbp: load" + at + "failed for 3 of 3 keys: ", `1 key: not in the pool: key "absent-1"`, "1 key: transfer not attempted"} {
+	for _, want := range []string{"umbp: load" + at + "3 of 3 keys failed: ", `1 key: not in the pool: key "absent-1"`, "1 key: transfer not attempted"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("%q lacks %q", msg, want)
 		}
@@ -309,11 +306,14 @@ func TestJobErrorText(t *testing.T) {
 	job = e.w.Load(e.plans(t, "absent", 0, 1, 2, 3))
 	waitJob(t, e.w, job)
 	msg = job.Err().Error()
-	want := `umbp: load` + at + `failed for 4 of 4 keys: 1 key: not in the pool: key "absent-0"`
+	want := `umbp: load` + at + `4 of 4 keys failed: 1 key: not in the pool: key "absent-0"`
 	if !strings.HasPrefix(msg, want) || !strings.HasSuffix(msg, "; and 1 more key (1 other error)") || strings.Contains(msg, `"absent-3"`) {
 		t.Errorf("four missing keys: %q", msg)
 	}
-	if n := len(job.Err().(interface{ Unwrap() []error }).Unwrap()); n != 4 {
+	var oe *umbp.OpError
+	if !errors.As(job.Err(), &oe) || oe.Op != "load" || oe.Addr != srv.Endpoint() {
+		t.Errorf("the job's error %#v is not an OpError of the load at the server", job.Err())
+	} else if n := len(oe.Err.(interface{ Unwrap() []error }).Unwrap()); n != 4 {
 		t.Errorf("the job's error holds %d errors, want 4", n)
 	}
 	if !errors.Is(job.KeyErr(3), umbp.ErrNotInPool) || !strings.Contains(job.KeyErr(3).Error(), `"absent-3"`) {
@@ -324,7 +324,7 @@ func TestJobErrorText(t *testing.T) {
 		t.Fatal(err)
 	}
 	job = e.w.Store(e.plans(t, "late", 0, 1, 2))
-	if msg := job.Err().Error(); msg != "umbp: store"+at+"failed for 3 of 3 keys: transfer not attempted: handle is closed" {
+	if msg := job.Err().Error(); msg != "umbp: store"+at+"3 of 3 keys failed: transfer not attempted: handle is closed" {
 		t.Errorf("a store on a closed handle: %q", msg)
 	}
 }

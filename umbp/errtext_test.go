@@ -43,7 +43,7 @@ func TestErrorsSayItOnce(t *testing.T) {
 		cfg := testConfig(t, ep)
 		cfg.StartupTimeout = 100 * time.Millisecond
 		rt := newRuntime(t, cfg)
-		_, err := rt.NewSchedulerHandle(ctx, "ns", umbp.RankTopology{}, nil)
+		_, err := rt.NewSchedulerHandle(ctx)
 		if err == nil {
 			t.Fatal("attached to no server")
 		}
@@ -57,7 +57,7 @@ func TestErrorsSayItOnce(t *testing.T) {
 		cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 		cfg.Timeout = 300 * time.Millisecond
 		rt := newRuntime(t, cfg)
-		sched, err := rt.NewSchedulerHandle(ctx, "ns", umbp.RankTopology{}, nil)
+		sched, err := rt.NewSchedulerHandle(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -102,7 +102,7 @@ func TestErrorsSayItOnce(t *testing.T) {
 		cfg.Logger = slog.New(warnings)
 		rt := newRuntime(t, cfg)
 		e := newEngine(t, rt, 2, 4, 4096)
-		sched, err := rt.NewSchedulerHandle(ctx, "ns", umbp.RankTopology{}, nil)
+		sched, err := rt.NewSchedulerHandle(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -175,7 +175,7 @@ func TestAttachSaysWhy(t *testing.T) {
 		cfg := testConfig(t, path)
 		cfg.StartupTimeout = 300 * time.Millisecond
 		rt := newRuntime(t, cfg)
-		h, err := rt.NewSchedulerHandle(context.Background(), "ns", umbp.RankTopology{}, nil)
+		h, err := rt.NewSchedulerHandle(context.Background())
 		if err == nil {
 			h.Close()
 			t.Fatal("attached")

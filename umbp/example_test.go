@@ -42,7 +42,7 @@ func Example() {
 			{LayerName: "layer.0", BaseAddress: base, NumBlocks: 4, BlockBytes: 1024, Stride: 1024},
 			{LayerName: "layer.1", BaseAddress: base + 4*1024, NumBlocks: 4, BlockBytes: 1024, Stride: 1024},
 		}}
-		w, err := rt.NewWorkerHandle(ctx, "demo", umbp.RankTopology{}, layout)
+		w, err := rt.NewWorkerHandle(ctx, layout)
 		if err != nil {
 			panic(err)
 		}
@@ -59,19 +59,13 @@ func Example() {
 	copy(abuf.Bytes()[2*1024:], "block 2, layer 0")
 	copy(abuf.Bytes()[6*1024:], "block 2, layer 1")
 
-	store, err := a.StoreBlocks([]umbp.BlockTransferPlan{{Key: key, BlockID: 2}})
-	if err != nil {
-		panic(err)
-	}
+	store := a.StoreBlocks([]umbp.Block{{Key: key, BlockID: 2}})
 	fmt.Println("store:", a.Wait(ctx, store), store.Status())
 
-	sched, _ := rt.NewSchedulerHandle(ctx, "demo", umbp.RankTopology{}, nil)
+	sched, _ := rt.NewSchedulerHandle(ctx)
 	fmt.Println("lookup:", sched.Lookup(ctx, []string{key, codec.Key(0, []byte{1})}))
 
-	load, err := b.LoadBlocks(umbp.BlockLoadBatch{Keys: []string{key}, BlockIDs: []int{0}, GroupIDs: []int{0}})
-	if err != nil {
-		panic(err)
-	}
+	load := b.LoadBlocks([]umbp.Block{{Key: key, BlockID: 0}})
 	fmt.Println("load:", b.Wait(ctx, load), load.Status())
 	fmt.Printf("%s | %s\n", bbuf.Bytes()[:16], bbuf.Bytes()[4*1024:4*1024+16])
 

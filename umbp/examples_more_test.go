@@ -75,11 +75,12 @@ func ExampleLayoutPlanner() {
 			Stride:      256,
 		})
 	}
-	planner, err := umbp.NewLayoutPlanner(&umbp.KVLayoutDescriptor{Regions: regions})
+	layout := &umbp.KVLayoutDescriptor{Regions: regions}
+	planner, err := umbp.NewLayoutPlanner(layout)
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println("object bytes:", planner.ObjectSize(0))
+	fmt.Println("object bytes:", layout.ObjectSize(0))
 	plan, err := planner.PlanForBlock("key-of-block-3", 0, 3)
 	if err != nil {
 		panic(err)
@@ -115,7 +116,7 @@ func ExampleHostBuffer() {
 	}
 	fmt.Println(len(buf.Bytes()), buf.Buffer().Location)
 
-	w, err := rt.NewWorkerHandle(ctx, "demo", umbp.RankTopology{}, nil)
+	w, err := rt.NewWorkerHandle(ctx, nil)
 	if err != nil {
 		panic(err)
 	}
@@ -153,7 +154,7 @@ func ExampleWorkerHandle_StoreBlocks() {
 	layout := &umbp.KVLayoutDescriptor{Regions: []umbp.KVRegion{{
 		LayerName: "kv", BaseAddress: buf.Buffer().Ptr, NumBlocks: 4, BlockBytes: 4096, Stride: 4096,
 	}}}
-	w, err := rt.NewWorkerHandle(ctx, "demo", umbp.RankTopology{}, layout)
+	w, err := rt.NewWorkerHandle(ctx, layout)
 	if err != nil {
 		panic(err)
 	}
@@ -170,21 +171,11 @@ func ExampleWorkerHandle_StoreBlocks() {
 	copy(buf.Bytes()[0:], "block zero")
 	copy(buf.Bytes()[4096:], "block one")
 
-	store, err := w.StoreBlocks([]umbp.BlockTransferPlan{{Key: k0, BlockID: 0}, {Key: k1, BlockID: 1}})
-	if err != nil {
-		panic(err)
-	}
+	store := w.StoreBlocks([]umbp.Block{{Key: k0, BlockID: 0}, {Key: k1, BlockID: 1}})
 	fmt.Println("store:", w.Wait(ctx, store))
 
 	// Load them swapped into blocks 3 and 2, and one key nobody stored.
-	load, err := w.LoadBlocks(umbp.BlockLoadBatch{
-		Keys:     []string{k0, k1, absent},
-		BlockIDs: []int{3, 2, 1},
-		GroupIDs: []int{0, 0, 0},
-	})
-	if err != nil {
-		panic(err)
-	}
+	load := w.LoadBlocks([]umbp.Block{{Key: k0, BlockID: 3}, {Key: k1, BlockID: 2}, {Key: absent, BlockID: 1}})
 	err = w.Wait(ctx, load)
 	fmt.Println("load:", load.Status(), errors.Is(err, umbp.ErrNotInPool))
 	fmt.Println("completed:", len(load.CompletedKeys()), "failed blocks:", load.FailedBlockIDs())
@@ -212,7 +203,7 @@ func ExampleSchedulerHandle_Lookup() {
 
 	// An engine stored blocks 1, 2 and 4 of a prompt.
 	buf, _ := umbp.NewHostBuffer(4096)
-	w, err := rt.NewWorkerHandle(ctx, "demo", umbp.RankTopology{}, nil)
+	w, err := rt.NewWorkerHandle(ctx, nil)
 	if err != nil {
 		panic(err)
 	}
@@ -232,7 +223,7 @@ func ExampleSchedulerHandle_Lookup() {
 		buf.Close()
 	}
 
-	sched, err := rt.NewSchedulerHandle(ctx, "demo", umbp.RankTopology{}, nil)
+	sched, err := rt.NewSchedulerHandle(ctx)
 	if err != nil {
 		panic(err)
 	}
@@ -256,7 +247,7 @@ func ExampleSchedulerHandle_WaitForStateChange() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	rt, _ := umbp.NewStandaloneRuntime(umbp.Config{Endpoint: srv.Endpoint(), Logger: quiet})
-	sched, err := rt.NewSchedulerHandle(ctx, "demo", umbp.RankTopology{}, nil)
+	sched, err := rt.NewSchedulerHandle(ctx)
 	if err != nil {
 		panic(err)
 	}

@@ -14,7 +14,7 @@ import (
 
 func newWorker(t *testing.T, rt *umbp.StandaloneRuntime) *umbp.WorkerHandle {
 	t.Helper()
-	w, err := rt.NewWorkerHandle(context.Background(), "t", umbp.RankTopology{}, nil)
+	w, err := rt.NewWorkerHandle(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,11 +73,11 @@ func TestRequireDistributedRefusesLocalServer(t *testing.T) {
 	cfg := testConfig(t, srv.Endpoint())
 	cfg.RequireDistributed = true
 	rt := newRuntime(t, cfg)
-	_, err := rt.NewSchedulerHandle(context.Background(), "t", umbp.RankTopology{}, nil)
+	_, err := rt.NewSchedulerHandle(context.Background())
 	if !errors.Is(err, umbp.ErrNotSupported) || !strings.Contains(err.Error(), "STANDALONE_BACKEND_LOCAL") || strings.Count(err.Error(), srv.Endpoint()) != 1 {
 		t.Fatalf("NewSchedulerHandle on a local server with RequireDistributed = %v", err)
 	}
-	if _, err := rt.NewWorkerHandle(context.Background(), "t", umbp.RankTopology{}, nil); !errors.Is(err, umbp.ErrNotSupported) {
+	if _, err := rt.NewWorkerHandle(context.Background(), nil); !errors.Is(err, umbp.ErrNotSupported) {
 		t.Fatalf("NewWorkerHandle = %v", err)
 	}
 	if s := newSchedulerLocal(t, srv); s.Stats().Capabilities.Mode != "STANDALONE_BACKEND_LOCAL" {
@@ -87,7 +87,7 @@ func TestRequireDistributedRefusesLocalServer(t *testing.T) {
 
 func newSchedulerLocal(t *testing.T, srv *umbptest.Server) *umbp.SchedulerHandle {
 	t.Helper()
-	h, err := newRuntime(t, testConfig(t, srv.Endpoint())).NewSchedulerHandle(context.Background(), "t", umbp.RankTopology{}, nil)
+	h, err := newRuntime(t, testConfig(t, srv.Endpoint())).NewSchedulerHandle(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestStandaloneQuarantine(t *testing.T) {
 	off.QuarantineKeys([]string{"k"})
 	cfg := testConfig(t, srv.Endpoint())
 	cfg.LoadFailureQuarantine = time.Hour
-	on, err := newRuntime(t, cfg).NewSchedulerHandle(context.Background(), "t", umbp.RankTopology{}, nil)
+	on, err := newRuntime(t, cfg).NewSchedulerHandle(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestStandaloneScore(t *testing.T) {
 	srv := newServer(t, umbptest.Options{})
 	keys := storeKeys(t, newRuntime(t, testConfig(t, srv.Endpoint())), 3)
 	h := newSchedulerLocal(t, srv)
-	s, err := h.Score(context.Background(), umbp.ScoreRequest{Candidates: []string{"n1"}, Hashes: append(keys, "missing")})
+	s, err := h.Score(context.Background(), umbp.ScoreRequest{Candidates: []string{"n1"}, BlockHashes: append(keys, "missing")})
 	if err != nil || !s.Complete || s.PoolPrefix != 3 || s.Best != -1 || s.Nodes[0].Prefix != 0 {
 		t.Fatalf("Score = %+v, %v", s, err)
 	}

@@ -35,45 +35,19 @@ func loadGPU(log *slog.Logger) (*hip.Runtime, error) {
 	if err != nil {
 		var le *hip.LoadError
 		if errors.As(err, &le) {
-			log.Debug("umbp: no GPU runtime", "tried", le.Details())
+			log.Debug("no GPU runtime", "tried", le.Details())
 		}
 		return nil, fmt.Errorf("no GPU runtime: %w", err)
 	}
 	return rt, nil
 }
 
-// gpuAlloc is a device allocation registered with the server: what its
-// registration sent, kept so that the region can be registered again (with
-// a restarted server).
-type gpuAlloc struct {
-	device    int
-	allocBase uintptr
-	allocSize uint64
-	handle    hip.IpcMemHandle // exported from allocBase
-}
-
-// register registers size bytes at base, inside the allocation, with the
-// server c is attached to.
-func (g *gpuAlloc) register(ctx context.Context, c *conn.Conn, base uintptr, size uint64) error {
-	if base < g.allocBase || size > g.allocSize || uint64(base-g.allocBase) > g.allocSize-size {
-		return fmt.Errorf("GPU region %#x+%d lies outside its allocation %#x+%d", base, size, g.allocBase, g.allocSize)
-	}
-	return c.RegisterGPU(ctx, conn.GPURegion{
-		Device:    g.device,
-		Base:      base,
-		Size:      size,
-		Handle:    [conn.IPCHandleSize]byte(g.handle),
-		IPCOffset: uint64(base - g.allocBase),
-		AllocBase: g.allocBase,
-	})
-}
-
-// registerGPU registers the device allocation that holds b (LocationGPU, or
-// LocationAuto memory outside every HostBuffer) with the server behind c, or
-// adds name to the region of that allocation when this handle registered it
-// already.
-func (w *WorkerHandle) registerGPU(ctx context.Context, c *conn.Conn, name string, b Buffer) error {
-	rt, err := loadGPU(w.log)
+// addGPU registers the device allocation that holds b (LocationGPU, or
+// LocationAuto memory outside every HostBuffer) with the server behind c
+// and adds it as a region, or adds name to the region of that allocation
+// when it is registered already; the caller holds the registration lock.
+func (s *regionSet) addGPU(ctx context.Context, c *conn.Conn, name string, b Buffer, log *slog.Logger) error {
+	rt, err := loadGPU(log)
 	if err != nil {
 		if b.Location == LocationAuto {
 			return fmt.Errorf("memory at %#x (%d bytes) lies in no HostBuffer (host memory must come from NewHostBuffer), and without a GPU runtime it cannot be GPU memory: %w", b.Ptr, b.Size, err)
@@ -110,7 +84,7 @@ func (w *WorkerHandle) registerGPU(ctx context.Context, c *conn.Conn, name strin
 		return fmt.Errorf("IPC handle of the allocation %#x on device %d: %w", allocBase, dev, err)
 	}
 	g := &gpuAlloc{device: dev, allocBase: allocBase, allocSize: allocSize, handle: handle}
-	if w.regions.addGPUName(name, g, false) {
+	if s.addGPUName(name, g, false) {
 		return nil
 	}
 	// A new allocation, or one that replaced a registered allocation at the
@@ -122,9 +96,9 @@ func (w *WorkerHandle) registerGPU(ctx context.Context, c *conn.Conn, name strin
 		}
 		return fmt.Errorf("register the allocation %#x (%d bytes) on device %d: %w", allocBase, allocSize, dev, err)
 	}
-	if w.regions.addGPUName(name, g, true) {
+	if s.addGPUName(name, g, true) {
 		return nil
 	}
-	w.regions.add(&memRegion{names: []string{name}, base: allocBase, size: allocSize, loc: LocationGPU, gpu: g})
+	s.add(&memRegion{names: []string{name}, base: allocBase, size: allocSize, loc: LocationGPU, gpu: g})
 	return nil
 }

@@ -92,7 +92,7 @@ func gpuMalloc(t *testing.T, rt *hip.Runtime, dev int, size uint64) uintptr {
 
 func gpuWorker(t *testing.T, rt *umbp.StandaloneRuntime) *umbp.WorkerHandle {
 	t.Helper()
-	w, err := rt.NewWorkerHandle(context.Background(), "gpu", umbp.RankTopology{}, nil)
+	w, err := rt.NewWorkerHandle(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,10 +220,7 @@ func TestRegisterGPUWithoutRuntime(t *testing.T) {
 	// Loads take the option too, and fail the same way.
 	load := e.w.Load(e.plans(t, "s", 0), umbp.AfterStream(0, 0))
 	waitJob(t, e.w, load)
-	blocks, err := e.w.LoadBlocks(umbp.BlockLoadBatch{Keys: []string{"s-0"}, BlockIDs: []int{1}, GroupIDs: []int{0}}, umbp.AfterStream(0, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
+	blocks := e.w.LoadBlocks([]umbp.Block{{Key: "s-0", BlockID: 1}}, umbp.AfterStream(0, 0))
 	waitJob(t, e.w, blocks)
 	for _, job := range []*umbp.TransferJob{load, blocks} {
 		if job.Status() != umbp.JobFailed || !errors.Is(job.Err(), umbp.ErrNotAttempted) || !errors.Is(job.Err(), umbp.ErrNotSupported) {

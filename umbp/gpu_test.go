@@ -512,7 +512,7 @@ func scenarioBandwidth(t *testing.T, e gpuEnv) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	sched, err := urt.NewSchedulerHandle(context.Background(), "gpu-bench", umbp.RankTopology{}, nil)
+	sched, err := urt.NewSchedulerHandle(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

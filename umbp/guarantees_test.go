@@ -63,7 +63,7 @@ func TestLookupBoundIsLookupTimeoutNotTimeout(t *testing.T) {
 		cfg.LookupTimeout, cfg.Timeout = lookup, timeout
 		rt := newRuntime(t, cfg)
 		keys := storeKeys(t, newRuntime(t, testConfig(t, srv.Endpoint())), 1)
-		h, err := rt.NewSchedulerHandle(context.Background(), "t", umbp.RankTopology{}, nil)
+		h, err := rt.NewSchedulerHandle(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -91,7 +91,7 @@ func TestSchedulerCloseWithStuckCallIsBounded(t *testing.T) {
 		srv := newServer(t, umbptest.Options{})
 		cfg := testConfig(t, srv.Endpoint())
 		cfg.Timeout = 500 * time.Millisecond
-		h, err := newRuntime(t, cfg).NewSchedulerHandle(context.Background(), "t", umbp.RankTopology{}, nil)
+		h, err := newRuntime(t, cfg).NewSchedulerHandle(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -112,7 +112,7 @@ func TestSchedulerCloseWithStuckCallIsBounded(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h, err := rt.NewSchedulerHandle(context.Background(), "ns", umbp.RankTopology{}, nil)
+		h, err := rt.NewSchedulerHandle(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -250,22 +250,10 @@ func TestEveryTransferRefusedWhileBlocked(t *testing.T) {
 	}
 	puts, gets := srv.Calls("BatchPutRanges"), srv.Calls("BatchGetRanges")
 	for name, submit := range map[string]func() *umbp.TransferJob{
-		"Store": func() *umbp.TransferJob { return a.w.Store(a.plans(t, "b", 1)) },
-		"Load":  func() *umbp.TransferJob { return a.w.Load(a.plans(t, "b", 2)) },
-		"StoreBlocks": func() *umbp.TransferJob {
-			j, err := a.w.StoreBlocks([]umbp.BlockTransferPlan{{Key: "b-3", BlockID: 3}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return j
-		},
-		"LoadBlocks": func() *umbp.TransferJob {
-			j, err := a.w.LoadBlocks(umbp.BlockLoadBatch{Keys: []string{"b-4"}, BlockIDs: []int{4}, GroupIDs: []int{0}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return j
-		},
+		"Store":       func() *umbp.TransferJob { return a.w.Store(a.plans(t, "b", 1)) },
+		"Load":        func() *umbp.TransferJob { return a.w.Load(a.plans(t, "b", 2)) },
+		"StoreBlocks": func() *umbp.TransferJob { return a.w.StoreBlocks([]umbp.Block{{Key: "b-3", BlockID: 3}}) },
+		"LoadBlocks":  func() *umbp.TransferJob { return a.w.LoadBlocks([]umbp.Block{{Key: "b-4", BlockID: 4}}) },
 	} {
 		j := submit()
 		if j.Status() != umbp.JobFailed || !errors.Is(j.Err(), umbp.ErrNotAttempted) || !strings.Contains(j.Err().Error(), "still blocked") {
@@ -302,7 +290,7 @@ func TestQuarantineOnEveryPath(t *testing.T) {
 		if got := h.Lookup(ctx, keys); !got[0] || got[1] || !got[2] {
 			t.Errorf("Lookup with key 1 quarantined = %v", got)
 		}
-		s, err := h.Score(ctx, umbp.ScoreRequest{Hashes: keys})
+		s, err := h.Score(ctx, umbp.ScoreRequest{BlockHashes: keys})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -315,7 +303,7 @@ func TestQuarantineOnEveryPath(t *testing.T) {
 		keys := storeKeys(t, newRuntime(t, testConfig(t, srv.Endpoint())), 3)
 		cfg := testConfig(t, srv.Endpoint())
 		cfg.LoadFailureQuarantine = time.Hour
-		h, err := newRuntime(t, cfg).NewSchedulerHandle(context.Background(), "t", umbp.RankTopology{}, nil)
+		h, err := newRuntime(t, cfg).NewSchedulerHandle(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}

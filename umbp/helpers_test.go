@@ -71,7 +71,7 @@ func newEngine(t testing.TB, rt *umbp.StandaloneRuntime, layers, blocks int, blo
 		})
 	}
 	ctx := context.Background()
-	w, err := rt.NewWorkerHandle(ctx, "test", umbp.RankTopology{}, layout)
+	w, err := rt.NewWorkerHandle(ctx, layout)
 	if err != nil {
 		t.Fatal(err)
 	}

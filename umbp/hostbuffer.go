@@ -37,13 +37,6 @@ func (l MemoryLocation) String() string {
 	return fmt.Sprintf("MemoryLocation(%d)", int(l))
 }
 
-// ErrInvalidBuffer means RegisterBuffers refused a buffer before asking the
-// server: it is empty, wraps the address space, is host memory outside a
-// [HostBuffer] (or runs past the end of one), is GPU memory outside its
-// allocation or on another device than it names, or its name or memory is
-// already registered otherwise. The error says which.
-var ErrInvalidBuffer = errors.New("invalid buffer")
-
 // Buffer names memory to register with the server: Size bytes at Ptr.
 // Device is the GPU ordinal of GPU memory.
 type Buffer struct {
@@ -76,29 +69,34 @@ type HostBuffer struct {
 // NewHostBuffer creates a zeroed, shareable host buffer of size bytes. The
 // mapping is rounded up to whole pages; Bytes returns exactly size bytes.
 func NewHostBuffer(size int) (*HostBuffer, error) {
+	b, err := newHostBuffer(size)
+	return b, opError("host buffer", "", err)
+}
+
+func newHostBuffer(size int) (*HostBuffer, error) {
 	if size <= 0 {
-		return nil, fmt.Errorf("umbp: host buffer size %d must be positive", size)
+		return nil, fmt.Errorf("size %d must be positive", size)
 	}
 	page := os.Getpagesize()
 	mapped := (size + page - 1) / page * page
 	if mapped < size { // overflow
-		return nil, fmt.Errorf("umbp: host buffer of %d bytes is larger than any address space", size)
+		return nil, fmt.Errorf("%d bytes are more than any address space", size)
 	}
 	if limit := hostMemory(); limit > 0 && uint64(mapped) > limit {
-		return nil, fmt.Errorf("umbp: host buffer of %d bytes is larger than this host's memory and swap (%d bytes)", size, limit)
+		return nil, fmt.Errorf("%d bytes are more than this host's memory and swap (%d bytes)", size, limit)
 	}
 	fd, err := unix.MemfdCreate("umbp-host-buffer", unix.MFD_CLOEXEC)
 	if err != nil {
-		return nil, fmt.Errorf("umbp: memfd_create: %w", err)
+		return nil, fmt.Errorf("memfd_create: %w", err)
 	}
 	if err := unix.Ftruncate(fd, int64(mapped)); err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("umbp: size host buffer to %d bytes: %w", mapped, err)
+		return nil, fmt.Errorf("ftruncate to %d bytes: %w", mapped, err)
 	}
 	mem, err := unix.Mmap(fd, 0, mapped, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("umbp: map host buffer of %d bytes: %w", mapped, err)
+		return nil, fmt.Errorf("mmap of %d bytes: %w", mapped, err)
 	}
 	b := &HostBuffer{fd: fd, mem: mem, size: size}
 	hostBuffers.add(b)
@@ -163,16 +161,16 @@ func (b *HostBuffer) Close() error {
 	case b.closed:
 		return nil
 	case b.abandoned > 0:
-		return fmt.Errorf("umbp: host buffer at %#x (%d bytes): a closed worker handle still waits for transfers that use it: %w", b.base(), b.size, ErrBuffersAbandoned)
+		return opError("close host buffer", "", fmt.Errorf("%d bytes at %#x: a closed worker handle still waits for transfers that use it: %w", b.size, b.base(), ErrBuffersAbandoned))
 	case b.users > 0:
-		return fmt.Errorf("umbp: host buffer at %#x (%d bytes) is registered with %s: %w", b.base(), b.size, plural(b.users, "worker handle"), ErrBuffersInUse)
+		return opError("close host buffer", "", fmt.Errorf("%d bytes at %#x are registered with %s: %w", b.size, b.base(), plural(b.users, "worker handle"), ErrBuffersInUse))
 	}
 	hostBuffers.remove(b)
 	b.closed = true
 	errU := unix.Munmap(b.mem)
 	errC := unix.Close(b.fd)
 	b.mem = nil
-	return errors.Join(errU, errC)
+	return opError("close host buffer", "", errors.Join(errU, errC))
 }
 
 // acquire marks the buffer registered; it fails on a closed buffer.

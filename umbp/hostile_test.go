@@ -439,14 +439,14 @@ func newHostileEnv(tb testing.TB) *hostileEnv {
 	})
 	ctx := context.Background()
 	var err error
-	if e.sched, err = e.rt.NewSchedulerHandle(ctx, "hostile", umbp.RankTopology{}, nil); err != nil {
+	if e.sched, err = e.rt.NewSchedulerHandle(ctx); err != nil {
 		tb.Fatal(err)
 	}
 	if e.wbuf, err = umbp.NewHostBuffer(2 * hostileBlocks * 512); err != nil {
 		tb.Fatal(err)
 	}
 	layout := hostileLayout(e.wbuf, false)
-	if e.w, err = e.rt.NewWorkerHandle(ctx, "hostile", umbp.RankTopology{}, layout); err != nil {
+	if e.w, err = e.rt.NewWorkerHandle(ctx, layout); err != nil {
 		tb.Fatal(err)
 	}
 	if err := e.w.RegisterBuffers(ctx, map[string]umbp.Buffer{"kv": e.wbuf.Buffer()}); err != nil {
@@ -629,25 +629,14 @@ func hostileSubmit(t *testing.T, w *umbp.WorkerHandle, plans []umbp.BlockTransfe
 	case !bulk:
 		return w.Load(plans)
 	}
-	var job *umbp.TransferJob
-	var err error
+	bare := make([]umbp.Block, len(plans))
+	for i, p := range plans {
+		bare[i] = umbp.Block{Key: p.Key, BlockID: p.BlockID}
+	}
 	if what == "store" {
-		bare := make([]umbp.BlockTransferPlan, len(plans))
-		for i, p := range plans {
-			bare[i] = umbp.BlockTransferPlan{Key: p.Key, BlockID: p.BlockID}
-		}
-		job, err = w.StoreBlocks(bare)
-	} else {
-		batch := umbp.BlockLoadBatch{Keys: make([]string, len(plans)), BlockIDs: make([]int, len(plans)), GroupIDs: make([]int, len(plans))}
-		for i, p := range plans {
-			batch.Keys[i], batch.BlockIDs[i] = p.Key, p.BlockID
-		}
-		job, err = w.LoadBlocks(batch)
+		return w.StoreBlocks(bare)
 	}
-	if err != nil {
-		t.Fatalf("bulk %s refused plans its layout made: %v", what, err)
-	}
-	return job
+	return w.LoadBlocks(bare)
 }
 
 // settle waits for job and checks its outcome; want predicts each key.
@@ -721,7 +710,7 @@ func (e *hostileEnv) checkFreshWorker(t *testing.T, sc hostileScript) {
 	ctx := context.Background()
 	layout := hostileLayout(e.scratch, sc.oneLayer)
 	start := time.Now()
-	w, err := e.rt.NewWorkerHandle(ctx, "hostile", umbp.RankTopology{}, layout)
+	w, err := e.rt.NewWorkerHandle(ctx, layout)
 	within(t, "NewWorkerHandle", start, 5*time.Second)
 	if err != nil {
 		t.Fatalf("NewWorkerHandle: %v", err)

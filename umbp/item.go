@@ -2,6 +2,8 @@ package umbp
 
 import (
 	"cmp"
+	"context"
+	"errors"
 	"slices"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
@@ -69,4 +71,99 @@ func coalesce(rs []conn.Range) []conn.Range {
 		out = append(out, r)
 	}
 	return out
+}
+
+// results is what a move answered, item by item: whether each one
+// succeeded and, where the request that carried it failed, that request's
+// error (errs is nil while every request was answered). It is the one
+// place an item's outcome from the server is recorded; keyError turns it
+// into the key's error.
+type results struct {
+	ok   []bool
+	errs []error
+}
+
+func newResults(n int) results { return results{ok: make([]bool, n)} }
+
+// set records item k's answer.
+func (r *results) set(k int, ok bool, err error) {
+	r.ok[k] = ok
+	if err == nil && r.errs == nil {
+		return
+	}
+	if r.errs == nil {
+		r.errs = make([]error, len(r.ok))
+	}
+	r.errs[k] = err
+}
+
+// from records a batch's answers for the items at indexes at: entry i is
+// item at[i]'s.
+func (r *results) from(at []int, ok []bool, errs []error) {
+	for i, k := range at {
+		var err error
+		if errs != nil {
+			err = errs[i]
+		}
+		r.set(k, ok[i], err)
+	}
+}
+
+// err returns item k's request error.
+func (r *results) err(k int) error {
+	if r.errs == nil {
+		return nil
+	}
+	return r.errs[k]
+}
+
+// failure is the requests' distinct errors, joined; nil when every request
+// was answered.
+func (r *results) failure() error { return conn.Joined(r.errs) }
+
+// inDoubt reports whether a request may have reached the server and used
+// its memory although no answer says what became of it.
+func (r *results) inDoubt() bool {
+	for _, err := range r.errs {
+		if inDoubt(err) {
+			return true
+		}
+	}
+	return false
+}
+
+// inDoubt reports whether a request with error err may have reached the
+// server and used its memory although no answer says what became of it:
+// its transport failed under it, or was cut off. A request refused before
+// it was sent, or not attempted (no staging buffer, say), used nothing,
+// whatever the reason says. This is the one rule: a job keeps its buffers,
+// and a staging buffer is set aside, while it holds.
+func inDoubt(err error) bool {
+	return errors.Is(err, conn.ErrUnavailable) && !errors.Is(err, ErrNotAttempted) && !errors.Is(err, conn.ErrNotSent)
+}
+
+// segments moves keys[i] between the pool and segs[i] (BatchPut or
+// BatchGet, cut by the connection at the message limit).
+func segments(ctx context.Context, c *conn.Conn, kind jobKind, keys []string, segs []conn.Segment) ([]bool, []error) {
+	if kind == kindStore {
+		return c.BatchPut(ctx, keys, segs)
+	}
+	return c.BatchGet(ctx, keys, segs)
+}
+
+// plainBatch moves the single-range items at indexes at as plain
+// segments, recording each one's answer in r.
+func plainBatch(ctx context.Context, c *conn.Conn, kind jobKind, items []item, at []int, r *results) {
+	if len(at) == 0 {
+		return
+	}
+	keys := make([]string, len(at))
+	segs := make([]conn.Segment, len(at))
+	for i, k := range at {
+		rg := items[k].obj.Ranges[0]
+		keys[i] = items[k].obj.Key
+		segs[i] = conn.Segment{RegionBase: rg.RegionBase, Offset: rg.Offset, Size: rg.Size}
+	}
+	ok, errs := segments(ctx, c, kind, keys, segs)
+	r.from(at, ok, errs)
 }

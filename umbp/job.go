@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
@@ -54,11 +55,10 @@ func (k jobKind) String() string {
 	return "load"
 }
 
-// jobError is the error of a job that FAILED: every distinct key error once,
-// with the number of keys it failed. errors.Is and errors.As see each.
+// jobError is what happened to a job that FAILED: every distinct key error
+// once, with the number of keys it failed. errors.Is and errors.As see
+// each. The job's error is an *OpError that carries it.
 type jobError struct {
-	kind   jobKind
-	where  string  // the endpoint
 	keys   int     // the job's keys
 	errs   []error // distinct by text, in plan order
 	counts []int   // keys failed by errs[i]
@@ -70,12 +70,12 @@ type jobError struct {
 // and a log line need not hold them all. Unwrap and KeyErr have every one.
 const jobErrorShown = 3
 
-// Error reads "umbp: store at <endpoint> failed for 2 of 4 keys: <error>", or with
-// several distinct errors "…: 1 key: <error>; 1 key: <error>", the first
-// jobErrorShown of them, then "; and 5 more keys (5 other errors)".
+// Error reads "2 of 4 keys failed: <error>", or with several distinct
+// errors "…: 1 key: <error>; 1 key: <error>", the first jobErrorShown of
+// them, then "; and 5 more keys (5 other errors)".
 func (e *jobError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "umbp: %s at %s failed for %d of %s: ", e.kind, e.where, e.failed, plural(e.keys, "key"))
+	fmt.Fprintf(&b, "%d of %s failed: ", e.failed, plural(e.keys, "key"))
 	shown := 0
 	for i, err := range e.errs[:min(len(e.errs), jobErrorShown)] {
 		if i > 0 {
@@ -186,6 +186,9 @@ func newJob(kind jobKind, plans []BlockTransferPlan, set *jobSet, where string) 
 		left:  len(plans),
 	}
 }
+
+// errNilJob is what a nil job answers.
+var errNilJob = invalid(fmt.Errorf("%w: nil *TransferJob", ErrInvalidPlan))
 
 // closedChan is what Done returns for a nil job.
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
@@ -315,7 +318,7 @@ func (j *TransferJob) Err() error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.cancelled != nil {
-		return j.cancelled
+		return opError(j.kind.String(), j.where, j.cancelled)
 	}
 	return j.failure // nil until it FAILED
 }
@@ -323,7 +326,7 @@ func (j *TransferJob) Err() error {
 // failureLocked builds a FAILED job's error from its key errors, merging
 // those of the same text.
 func (j *TransferJob) failureLocked() error {
-	e := &jobError{kind: j.kind, where: j.where, keys: len(j.plans)}
+	e := &jobError{keys: len(j.plans)}
 	index := map[string]int{}
 	for _, err := range j.errs {
 		if err == nil {
@@ -339,7 +342,7 @@ func (j *TransferJob) failureLocked() error {
 		e.errs = append(e.errs, err)
 		e.counts = append(e.counts, 1)
 	}
-	return e
+	return opError(j.kind.String(), j.where, e)
 }
 
 // --- transitions -----------------------------------------------------------
@@ -537,6 +540,82 @@ func (j *TransferJob) failQueued(err error) bool {
 	return true
 }
 
+// --- the handle's jobs ------------------------------------------------------
+
+// jobSet is a worker handle's jobs: those submitted and not yet ended, how
+// many of them are blocked, and the job counters. A job tells the set it
+// belongs to of its own transitions (job.go); the handle reads the set.
+type jobSet struct {
+	stats   *transferCounters
+	blocked atomic.Int64 // jobs in phaseBlocked
+
+	mu   sync.Mutex
+	jobs map[*TransferJob]struct{}
+}
+
+func newJobSet(stats *transferCounters) *jobSet {
+	return &jobSet{stats: stats, jobs: map[*TransferJob]struct{}{}}
+}
+
+// add counts a job being submitted, before it can run and so before it can
+// end.
+func (s *jobSet) add(j *TransferJob) {
+	s.mu.Lock()
+	s.jobs[j] = struct{}{}
+	s.mu.Unlock()
+	s.stats.submitted.Add(1)
+}
+
+// blockedDelta counts a job entering (+1) or leaving (-1) phaseBlocked.
+func (s *jobSet) blockedDelta(d int) { s.blocked.Add(int64(d)) }
+
+// count counts a job that ended from phase was, with status and the object
+// bytes of its keys that succeeded. It runs before the job's Done closes
+// (under the job's lock: it takes none), so that Stats counts a job once
+// Wait has returned for it.
+func (s *jobSet) count(kind jobKind, was phase, status JobStatus, bytes uint64) {
+	switch {
+	case was == phaseNew: // refused before submission
+		if status != JobCompleted { // a job of no plans completes unsubmitted
+			s.stats.refused.Add(1)
+		}
+		return
+	case status == JobCompleted:
+		s.stats.completed.Add(1)
+	default:
+		s.stats.failed.Add(1)
+	}
+	if kind == kindStore {
+		s.stats.bytesStored.Add(bytes)
+	} else {
+		s.stats.bytesLoaded.Add(bytes)
+	}
+}
+
+// forget drops a job that ended from phase was. (A job leaving phaseBlocked
+// has left the blocked count already, before its Done.)
+func (s *jobSet) forget(j *TransferJob, was phase) {
+	if was == phaseNew { // never added
+		return
+	}
+	s.mu.Lock()
+	delete(s.jobs, j)
+	s.mu.Unlock()
+}
+
+// on returns the jobs submitted on c, or every job for a nil c.
+func (s *jobSet) on(c *conn.Conn) []*TransferJob {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*TransferJob, 0, len(s.jobs))
+	for j := range s.jobs {
+		if c == nil || j.connection() == c {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
 // --- reads -----------------------------------------------------------------
 
 // connection returns the connection the job was submitted on.
@@ -590,7 +669,7 @@ func (j *TransferJob) waitEnded(ctx context.Context) error {
 	if j.failQueued(fmt.Errorf("the wait for it ended while it was queued: %w", ctx.Err())) || j.ended() {
 		return j.Err()
 	}
-	return fmt.Errorf("umbp: %s of %s at %s still running: %w: %w", j.kind, plural(len(j.plans), "key"), j.where, ErrBuffersInUse, ctx.Err())
+	return opError(j.kind.String(), j.where, fmt.Errorf("%s still running: %w: %w", plural(len(j.plans), "key"), ErrBuffersInUse, ctx.Err()))
 }
 
 // wait waits for the job to end, at most until its deadline once it runs
@@ -657,6 +736,6 @@ func (j *TransferJob) wait(ctx context.Context, queuedFor time.Duration) error {
 			case <-time.After(streamWaitGrace):
 			}
 		}
-		return fmt.Errorf("umbp: %s of %s at %s is still running past its deadline: %w", j.kind, plural(len(j.plans), "key"), j.where, ErrBuffersInUse)
+		return opError(j.kind.String(), j.where, fmt.Errorf("%s still running past the deadline: %w", plural(len(j.plans), "key"), ErrBuffersInUse))
 	}
 }

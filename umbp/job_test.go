@@ -177,7 +177,7 @@ func TestStreamReadyLateOrReplaced(t *testing.T) {
 // and detaches the running ones: neither can later count as blocked on the
 // new server.
 func TestReplacedFailsQueuedAndDetachesRunning(t *testing.T) {
-	w := &WorkerHandle{jobs: newTestSet(), timeout: time.Second}
+	w := &jobRunner{jobs: newTestSet(), timeout: time.Second}
 	queued := queuedJob(kindStore, []BlockTransferPlan{{Key: "q"}}, w.jobs)
 	running := queuedJob(kindLoad, []BlockTransferPlan{{Key: "r"}}, w.jobs)
 	w.jobs.add(queued)

@@ -8,12 +8,6 @@ import (
 	"unicode/utf8"
 )
 
-// ErrInvalidKey is matched (with errors.Is) by every error that reports a
-// malformed object key or key component: a bad namespace given to
-// [NewKeyCodec], a bad hash given to [KeyCodec.KeyHex], or a string
-// [ParseKey] does not accept.
-var ErrInvalidKey = errors.New("umbp: invalid key")
-
 // keyPrefix starts every key; the version tag changes if the format does.
 const keyPrefix = "umbp:vllm:v1:"
 
@@ -41,10 +35,15 @@ type KeyCodec struct {
 // [RankTopology.Validate]. Errors match [ErrInvalidKey] or
 // [ErrInvalidTopology].
 func NewKeyCodec(namespace string, topo RankTopology) (*KeyCodec, error) {
+	c, err := newKeyCodec(namespace, topo)
+	return c, invalid(err)
+}
+
+func newKeyCodec(namespace string, topo RankTopology) (*KeyCodec, error) {
 	if err := validateNamespace(namespace); err != nil {
 		return nil, err
 	}
-	if err := topo.Validate(); err != nil {
+	if err := topo.validate(); err != nil {
 		return nil, err
 	}
 	topo = topo.Normalized()
@@ -96,11 +95,11 @@ func (c *KeyCodec) Key(group int, hash []byte) string {
 // [ErrInvalidKey].
 func (c *KeyCodec) KeyHex(group int, hexHash string) (string, error) {
 	if len(hexHash)%2 != 0 {
-		return "", fmt.Errorf("%w: hex hash %q has odd length %d", ErrInvalidKey, hexHash, len(hexHash))
+		return "", invalid(fmt.Errorf("%w: hex hash %q has odd length %d", ErrInvalidKey, hexHash, len(hexHash)))
 	}
 	for i := 0; i < len(hexHash); i++ {
 		if !isHexByte(hexHash[i]) {
-			return "", fmt.Errorf("%w: hex hash %q has a non-hex byte %q at %d", ErrInvalidKey, hexHash, hexHash[i], i)
+			return "", invalid(fmt.Errorf("%w: hex hash %q has a non-hex byte %q at %d", ErrInvalidKey, hexHash, hexHash[i], i))
 		}
 	}
 	return c.groupPrefix(group) + strings.ToLower(hexHash), nil
@@ -164,7 +163,7 @@ func (p ParsedKey) String() string {
 // same string. Errors match [ErrInvalidKey] and quote the key.
 func ParseKey(key string) (ParsedKey, error) {
 	fail := func(what string) (ParsedKey, error) {
-		return ParsedKey{}, fmt.Errorf("%w: %q: %s", ErrInvalidKey, key, what)
+		return ParsedKey{}, invalid(fmt.Errorf("%w: %q: %s", ErrInvalidKey, key, what))
 	}
 	rest, ok := strings.CutPrefix(key, keyPrefix)
 	if !ok {

@@ -1,15 +1,10 @@
 package umbp
 
 import (
-	"errors"
 	"fmt"
 	"math/bits"
 	"slices"
 )
-
-// ErrInvalidLayout is matched (with errors.Is) by every error that reports a
-// malformed [KVRegion] or [KVLayoutDescriptor].
-var ErrInvalidLayout = errors.New("umbp: invalid KV layout")
 
 // KVRegion is one registered KV cache tensor as the layout sees it: an array
 // of NumBlocks equally spaced blocks in this process's memory (host or GPU).
@@ -78,15 +73,15 @@ func (r KVRegion) extent() uint64 {
 	return (phys-1)*r.Stride + r.chunkBytes()
 }
 
-// Validate reports whether r is well formed: a non-empty LayerName, a
+// validate reports whether r is well formed: a non-empty LayerName, a
 // non-negative GroupID, a non-zero BaseAddress, positive NumBlocks,
 // BlockBytes and Stride, SubBlocks not negative and dividing BlockBytes, a
 // chunk no longer than Stride, and a span that does not wrap past the end of
 // the address space. Errors match [ErrInvalidLayout] and name the field and
 // value.
-func (r KVRegion) Validate() error {
+func (r KVRegion) validate() error {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: region %q group %d: %s", ErrInvalidLayout, r.LayerName, r.GroupID, fmt.Sprintf(format, args...))
+		return fmt.Errorf("region %q group %d: %s", r.LayerName, r.GroupID, fmt.Sprintf(format, args...))
 	}
 	switch {
 	case r.LayerName == "":
@@ -150,11 +145,17 @@ type KVLayoutDescriptor struct {
 	Regions []KVRegion
 }
 
-// Validate reports whether the layout is well formed: at least one region,
-// every region valid (see [KVRegion.Validate]), no two regions with the same
-// (LayerName, GroupID), and each group's object size fitting in a uint64.
-// Errors match [ErrInvalidLayout]. A nil descriptor is invalid.
-func (l *KVLayoutDescriptor) Validate() error {
+// Validate reports whether the layout is well formed: at least one region;
+// every region with a non-empty LayerName, a non-negative GroupID, a
+// non-zero BaseAddress, positive NumBlocks, BlockBytes and Stride,
+// SubBlocks not negative and dividing BlockBytes, a chunk no longer than
+// Stride, and a span that does not wrap past the end of the address space;
+// no two regions with the same (LayerName, GroupID); and each group's
+// object size fitting in a uint64. Errors match [ErrInvalidLayout] and name
+// the region, field and value. A nil descriptor is invalid.
+func (l *KVLayoutDescriptor) Validate() error { return invalid(l.validate()) }
+
+func (l *KVLayoutDescriptor) validate() error {
 	if l == nil || len(l.Regions) == 0 {
 		return fmt.Errorf("%w: layout has no regions", ErrInvalidLayout)
 	}
@@ -165,8 +166,8 @@ func (l *KVLayoutDescriptor) Validate() error {
 	seen := make(map[regionID]int, len(l.Regions))
 	sizes := make(map[int]uint64)
 	for i, r := range l.Regions {
-		if err := r.Validate(); err != nil {
-			return fmt.Errorf("region %d: %w", i, err)
+		if err := r.validate(); err != nil {
+			return fmt.Errorf("%w: region %d: %w", ErrInvalidLayout, i, err)
 		}
 		id := regionID{r.LayerName, r.GroupID}
 		if j, dup := seen[id]; dup {

@@ -41,7 +41,7 @@ func TestKVRegionValidate(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			r := ok
 			tt.mod(&r)
-			err := r.Validate()
+			err := (&KVLayoutDescriptor{Regions: []KVRegion{r}}).Validate()
 			if tt.wantErr == "" {
 				if err != nil {
 					t.Fatalf("Validate() = %v", err)
@@ -89,7 +89,7 @@ func TestKVLayoutDescriptorValidate(t *testing.T) {
 		}}, `regions 0 and 2 both have LayerName "l0" and GroupID 0`},
 		{"bad region", &KVLayoutDescriptor{Regions: []KVRegion{
 			region("l0", 0, 0x1000, 4, 64, 64), region("l1", 0, 0x2000, 4, 65, 64),
-		}}, `region 1: umbp: invalid KV layout: region "l1" group 0: BlockBytes 65 exceeds Stride 64`},
+		}}, `umbp: invalid KV layout: region 1: region "l1" group 0: BlockBytes 65 exceeds Stride 64`},
 		{"object size overflows", &KVLayoutDescriptor{Regions: []KVRegion{
 			region("l0", 0, 0x1000, 1, 1<<63, 1<<63), region("l1", 0, 0x1000, 1, 1<<63, 1<<63),
 		}}, "object size of group 0 overflows at region 1"},

@@ -2,17 +2,11 @@ package umbp
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"math/bits"
 	"slices"
 	"unicode/utf8"
 )
-
-// ErrInvalidPlan is matched (with errors.Is) by every error that reports a
-// malformed [BlockTransferPlan] or [BlockLoadBatch], and by [LayoutPlanner]
-// errors for a key, group or block it cannot plan.
-var ErrInvalidPlan = errors.New("invalid transfer plan")
 
 // KVRange is one contiguous piece of a block's object: Length bytes that
 // live at BaseAddress in this process (host or GPU memory) and occupy
@@ -73,10 +67,10 @@ func (p BlockTransferPlan) ObjectSize() uint64 {
 //
 // Errors match [ErrInvalidPlan] and name the key and the offending range by
 // its index in p.Ranges.
-func (p BlockTransferPlan) Validate() error { return public(p.validate()) }
+func (p BlockTransferPlan) Validate() error { return invalid(p.validate()) }
 
-// validate is Validate without the package's prefix, for errors that
-// become part of another (a key's, in a job's error).
+// validate is Validate for an error that becomes part of another (a key's,
+// in a job's error).
 func (p BlockTransferPlan) validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: key %q: %s", ErrInvalidPlan, p.Key, fmt.Sprintf(format, args...))
@@ -187,7 +181,12 @@ const denseGroupLimit = 1024
 // precomputes each group's plan shape. It keeps a copy of the layout, so
 // later changes to layout do not affect the planner.
 func NewLayoutPlanner(layout *KVLayoutDescriptor) (*LayoutPlanner, error) {
-	if err := layout.Validate(); err != nil {
+	p, err := newLayoutPlanner(layout)
+	return p, invalid(err)
+}
+
+func newLayoutPlanner(layout *KVLayoutDescriptor) (*LayoutPlanner, error) {
+	if err := layout.validate(); err != nil {
 		return nil, err
 	}
 	p := &LayoutPlanner{layout: layout.clone(), groups: layout.Groups()}
@@ -228,12 +227,9 @@ func (p *LayoutPlanner) group(g int) *groupPlan {
 	return p.sparse[g]
 }
 
-// Groups returns the layout's group IDs, ascending.
-func (p *LayoutPlanner) Groups() []int { return slices.Clone(p.groups) }
-
-// ObjectSize returns the object size of the group, or 0 for a group the
+// objectSize returns the object size of the group, or 0 for a group the
 // layout does not have.
-func (p *LayoutPlanner) ObjectSize(group int) uint64 {
+func (p *LayoutPlanner) objectSize(group int) uint64 {
 	if gp := p.group(group); gp != nil {
 		return gp.objectSize
 	}
@@ -267,10 +263,10 @@ func (p *LayoutPlanner) rangesPerBlock(group int) int {
 // [ErrInvalidPlan].
 func (p *LayoutPlanner) PlanForBlock(key string, group, blockID int) (BlockTransferPlan, error) {
 	bp, err := p.planForBlock(key, group, blockID)
-	return bp, public(err)
+	return bp, invalid(err)
 }
 
-// planForBlock is PlanForBlock without the package's prefix.
+// planForBlock is PlanForBlock for an error that becomes a key's.
 func (p *LayoutPlanner) planForBlock(key string, group, blockID int) (BlockTransferPlan, error) {
 	gp, err := p.check(key, group, blockID)
 	if err != nil {
@@ -328,72 +324,29 @@ func (gp *groupPlan) fill(dst []KVRange, b int) []KVRange {
 	return dst
 }
 
-// BlockLoadBatch is a columnar batch of blocks to load, for the bulk load
-// path: row i is block BlockIDs[i] of group GroupIDs[i], stored under
-// Keys[i]. Keys, BlockIDs and GroupIDs must have the same length.
-type BlockLoadBatch struct {
-	Keys     []string
-	BlockIDs []int
-	GroupIDs []int
+// Block names one block of a KV cache group for the block-wise transfers
+// ([WorkerHandle.StoreBlocks], [WorkerHandle.LoadBlocks]): the worker's
+// layout supplies its ranges, as [LayoutPlanner.PlanForBlock] makes them.
+type Block struct {
+	// Key is the object key, usually made by a [KeyCodec].
+	Key string
+	// GroupID is the KV cache group; BlockID the logical block in the
+	// group's block table.
+	GroupID, BlockID int
 }
 
-// Len returns the number of rows.
-func (b BlockLoadBatch) Len() int { return len(b.Keys) }
-
-// Validate reports whether the columns have consistent lengths and every
-// row has a non-empty key and non-negative block and group IDs. Errors
-// match [ErrInvalidPlan] and name the column or row.
-func (b BlockLoadBatch) Validate() error { return public(b.validate()) }
-
-func (b BlockLoadBatch) validate() error {
-	n := len(b.Keys)
-	switch {
-	case len(b.BlockIDs) != n:
-		return fmt.Errorf("%w: load batch has %d Keys but %d BlockIDs", ErrInvalidPlan, n, len(b.BlockIDs))
-	case len(b.GroupIDs) != n:
-		return fmt.Errorf("%w: load batch has %d Keys but %d GroupIDs", ErrInvalidPlan, n, len(b.GroupIDs))
-	}
-	for i := range n {
-		switch {
-		case b.Keys[i] == "":
-			return fmt.Errorf("%w: load batch row %d: key is empty", ErrInvalidPlan, i)
-		case b.BlockIDs[i] < 0:
-			return fmt.Errorf("%w: load batch row %d (key %q): BlockID %d is negative", ErrInvalidPlan, i, b.Keys[i], b.BlockIDs[i])
-		case b.GroupIDs[i] < 0:
-			return fmt.Errorf("%w: load batch row %d (key %q): GroupID %d is negative", ErrInvalidPlan, i, b.Keys[i], b.GroupIDs[i])
-		}
-	}
-	return nil
-}
-
-// plans validates the batch and returns one plan per row, in row order, as
-// [LayoutPlanner.PlanForBlock] makes them. All
-// the plans' ranges share one allocation; each plan's Ranges has its own
-// capacity, so appending to one never overwrites another. The first row the
-// planner rejects fails the whole batch with an error naming the row.
-func (b BlockLoadBatch) plans(planner *LayoutPlanner) ([]BlockTransferPlan, error) {
-	if err := b.Validate(); err != nil {
-		return nil, err
-	}
-	plans, bad := b.planRows(planner)
-	for i, err := range bad {
-		if err != nil {
-			return nil, fmt.Errorf("umbp: load batch row %d: %w", i, err)
-		}
-	}
-	return plans, nil
-}
-
-// planRows plans every row of a valid batch. A row the planner rejects
-// gets a plan without ranges and its error in bad (nil when every row
-// planned). The planned rows' ranges share one allocation.
-func (b BlockLoadBatch) planRows(planner *LayoutPlanner) (plans []BlockTransferPlan, bad []error) {
+// planBlocks plans every block, in order. A block the planner cannot plan
+// gets a plan without ranges and its error in bad (nil when every block
+// planned). The planned blocks' ranges share one allocation; each plan's
+// Ranges has its own capacity, so appending to one never overwrites
+// another.
+func (p *LayoutPlanner) planBlocks(blocks []Block) (plans []BlockTransferPlan, bad []error) {
 	total := 0
-	for i := range b.Keys {
-		gp, err := planner.check(b.Keys[i], b.GroupIDs[i], b.BlockIDs[i])
+	for i, b := range blocks {
+		gp, err := p.check(b.Key, b.GroupID, b.BlockID)
 		if err != nil {
 			if bad == nil {
-				bad = make([]error, len(b.Keys))
+				bad = make([]error, len(blocks))
 			}
 			bad[i] = err
 			continue
@@ -401,14 +354,15 @@ func (b BlockLoadBatch) planRows(planner *LayoutPlanner) (plans []BlockTransferP
 		total += gp.numRanges
 	}
 	slab := make([]KVRange, total)
-	plans = make([]BlockTransferPlan, len(b.Keys))
-	for i := range b.Keys {
-		plans[i] = BlockTransferPlan{Key: b.Keys[i], BlockID: b.BlockIDs[i], GroupID: b.GroupIDs[i]}
+	plans = make([]BlockTransferPlan, len(blocks))
+	for i, b := range blocks {
+		plans[i] = BlockTransferPlan{Key: b.Key, BlockID: b.BlockID, GroupID: b.GroupID}
 		if bad != nil && bad[i] != nil {
 			continue
 		}
-		n := planner.group(b.GroupIDs[i]).numRanges
-		plans[i].Ranges = planner.group(b.GroupIDs[i]).fill(slab[:n:n], b.BlockIDs[i])
+		gp := p.group(b.GroupID)
+		n := gp.numRanges
+		plans[i].Ranges = gp.fill(slab[:n:n], b.BlockID)
 		slab = slab[n:]
 	}
 	return plans, bad

@@ -49,8 +49,8 @@ func TestPlanForBlock(t *testing.T) {
 	if plan.Key != "key-5" || plan.BlockID != 5 || plan.GroupID != 0 {
 		t.Errorf("plan header %+v", plan)
 	}
-	if plan.ObjectSize() != 160 || p.ObjectSize(0) != 160 || testLayout().ObjectSize(0) != 160 {
-		t.Errorf("object sizes: plan %d planner %d layout %d", plan.ObjectSize(), p.ObjectSize(0), testLayout().ObjectSize(0))
+	if plan.ObjectSize() != 160 || p.objectSize(0) != 160 || testLayout().ObjectSize(0) != 160 {
+		t.Errorf("object sizes: plan %d planner %d layout %d", plan.ObjectSize(), p.objectSize(0), testLayout().ObjectSize(0))
 	}
 	if err := plan.Validate(); err != nil {
 		t.Errorf("planner output invalid: %v", err)
@@ -61,12 +61,12 @@ func TestPlanForBlock(t *testing.T) {
 	if p.NumBlocks(0) != 8 || p.NumBlocks(3) != 2 || p.NumBlocks(7) != 0 {
 		t.Errorf("NumBlocks: %d %d %d", p.NumBlocks(0), p.NumBlocks(3), p.NumBlocks(7))
 	}
-	if !slices.Equal(p.Groups(), []int{0, 3}) {
-		t.Errorf("Groups() = %v", p.Groups())
+	if !slices.Equal(p.groups, []int{0, 3}) {
+		t.Errorf("Groups() = %v", p.groups)
 	}
 
 	// Every block of every group plans to a valid plan inside its regions.
-	for _, g := range p.Groups() {
+	for _, g := range p.groups {
 		for b := range p.NumBlocks(g) {
 			plan, err := p.PlanForBlock(fmt.Sprint("k", g, b), g, b)
 			if err != nil {
@@ -261,60 +261,55 @@ func FuzzPlanValidate(f *testing.F) {
 	})
 }
 
-func TestBlockLoadBatch(t *testing.T) {
+func TestPlanBlocks(t *testing.T) {
 	p := mustPlanner(t, testLayout())
-	b := BlockLoadBatch{
-		Keys:     []string{"a", "b", "c"},
-		BlockIDs: []int{1, 0, 7},
-		GroupIDs: []int{0, 3, 0},
-	}
-	if b.Len() != 3 {
-		t.Fatalf("Len() = %d", b.Len())
-	}
-	plans, err := b.plans(p)
-	if err != nil {
-		t.Fatal(err)
+	blocks := []Block{{Key: "a", BlockID: 1}, {Key: "b", GroupID: 3}, {Key: "c", BlockID: 7}}
+	plans, bad := p.planBlocks(blocks)
+	if bad != nil {
+		t.Fatal(bad)
 	}
 	for i, plan := range plans {
-		want, err := p.PlanForBlock(b.Keys[i], b.GroupIDs[i], b.BlockIDs[i])
+		want, err := p.PlanForBlock(blocks[i].Key, blocks[i].GroupID, blocks[i].BlockID)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if plan.Key != want.Key || plan.BlockID != want.BlockID || plan.GroupID != want.GroupID ||
 			!slices.Equal(plan.Ranges, want.Ranges) {
-			t.Errorf("row %d: %+v, want %+v", i, plan, want)
+			t.Errorf("block %d: %+v, want %+v", i, plan, want)
 		}
 		if cap(plan.Ranges) != len(plan.Ranges) {
-			t.Errorf("row %d: ranges share capacity with the next plan", i)
+			t.Errorf("block %d: ranges share capacity with the next plan", i)
 		}
 	}
-
-	if n, err := (BlockLoadBatch{}).plans(p); err != nil || len(n) != 0 {
-		t.Fatalf("empty batch: %v, %v", n, err)
+	if n, bad := p.planBlocks(nil); bad != nil || len(n) != 0 {
+		t.Fatalf("no blocks: %v, %v", n, bad)
 	}
 }
 
-func TestBlockLoadBatchErrors(t *testing.T) {
+// A block the planner cannot plan fails alone, with an error naming it;
+// the others are planned.
+func TestPlanBlocksErrors(t *testing.T) {
 	p := mustPlanner(t, testLayout())
-	for _, tt := range []struct {
-		name  string
-		batch BlockLoadBatch
-		want  string
-	}{
-		{"short block ids", BlockLoadBatch{Keys: []string{"a", "b"}, BlockIDs: []int{0}, GroupIDs: []int{0, 0}}, "2 Keys but 1 BlockIDs"},
-		{"long group ids", BlockLoadBatch{Keys: []string{"a"}, BlockIDs: []int{0}, GroupIDs: []int{0, 0}}, "1 Keys but 2 GroupIDs"},
-		{"empty key", BlockLoadBatch{Keys: []string{"a", ""}, BlockIDs: []int{0, 0}, GroupIDs: []int{0, 0}}, "row 1: key is empty"},
-		{"negative block", BlockLoadBatch{Keys: []string{"a"}, BlockIDs: []int{-1}, GroupIDs: []int{0}}, `row 0 (key "a"): BlockID -1`},
-		{"negative group", BlockLoadBatch{Keys: []string{"a"}, BlockIDs: []int{0}, GroupIDs: []int{-4}}, `row 0 (key "a"): GroupID -4`},
-		{"missing group", BlockLoadBatch{Keys: []string{"a", "b"}, BlockIDs: []int{0, 0}, GroupIDs: []int{0, 2}}, `umbp: load batch row 1: invalid transfer plan: key "b": group 2`},
-		{"block out of range", BlockLoadBatch{Keys: []string{"a"}, BlockIDs: []int{8}, GroupIDs: []int{0}}, "block 8 of group 0 outside [0, 8)"},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			plans, err := tt.batch.plans(p)
-			if plans != nil || !errors.Is(err, ErrInvalidPlan) || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("Plans() = %v, %v; want ErrInvalidPlan containing %q", plans, err, tt.want)
-			}
-		})
+	blocks := []Block{
+		{Key: "ok"},
+		{Key: ""},
+		{Key: "neg-block", BlockID: -1},
+		{Key: "neg-group", GroupID: -4},
+		{Key: "missing", GroupID: 2},
+		{Key: "far", BlockID: 8},
+		{Key: "ok2", BlockID: 1},
+	}
+	want := []string{"", "empty key for group 0 block 0", `key "neg-block": block -1 of group 0 outside [0, 8)`,
+		`key "neg-group": group -4 is not in the layout`, `key "missing": group 2 is not in the layout`,
+		`key "far": block 8 of group 0 outside [0, 8)`, ""}
+	plans, bad := p.planBlocks(blocks)
+	for i, w := range want {
+		switch {
+		case w == "" && (bad[i] != nil || len(plans[i].Ranges) == 0):
+			t.Errorf("block %d: %v, %d ranges", i, bad[i], len(plans[i].Ranges))
+		case w != "" && (!errors.Is(bad[i], ErrInvalidPlan) || !strings.Contains(bad[i].Error(), w) || plans[i].Ranges != nil):
+			t.Errorf("block %d: %v, want ErrInvalidPlan containing %q", i, bad[i], w)
+		}
 	}
 }
 
@@ -336,22 +331,20 @@ func BenchmarkPlanForBlock(b *testing.B) {
 	}
 }
 
-func BenchmarkBlockLoadBatchPlans(b *testing.B) {
+func BenchmarkPlanBlocks(b *testing.B) {
 	var l KVLayoutDescriptor
 	for i := range 32 {
 		l.Regions = append(l.Regions, region(fmt.Sprintf("layer.%d", i), 0, uintptr(0x10000000*(i+1)), 1024, 32768, 32768))
 	}
 	p := mustPlanner(b, &l)
-	batch := BlockLoadBatch{}
-	for i := range 256 {
-		batch.Keys = append(batch.Keys, fmt.Sprint("key", i))
-		batch.BlockIDs = append(batch.BlockIDs, i)
-		batch.GroupIDs = append(batch.GroupIDs, 0)
+	blocks := make([]Block, 256)
+	for i := range blocks {
+		blocks[i] = Block{Key: fmt.Sprint("key", i), BlockID: i}
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := batch.plans(p); err != nil {
-			b.Fatal(err)
+		if _, bad := p.planBlocks(blocks); bad != nil {
+			b.Fatal(bad)
 		}
 	}
 }

@@ -118,16 +118,3 @@ func (q *quarantine) mask(keys []string, hits []bool) int {
 	}
 	return n
 }
-
-// QuarantineKeys makes keys whose load failed answer as misses, in every
-// lookup and score of this handle, for the configured quarantine time
-// (Config.LoadFailureQuarantine, ClusterConfig.LoadFailureQuarantine); a
-// handle without one ignores them. Feed it the failed keys of load jobs
-// ([TransferJob.FailedKeys]), as vLLM's scheduler quarantines the blocks
-// its workers failed to load: the pool may still list a key it cannot
-// serve (a node that died, an object evicted under the load).
-func (h *SchedulerHandle) QuarantineKeys(keys []string) {
-	if n := h.quarantine.add(keys); n > 0 && h.failures.allow() {
-		h.log.Warn(h.what+" quarantine is full; some failed keys were not quarantined", "endpoint", h.address, "keys", n)
-	}
-}

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
+	"github.com/umbp-go/umbp-go/internal/hip"
 )
 
 // memRegion is one registered allocation: a HostBuffer's mapping, or a
@@ -35,6 +36,32 @@ func (r *memRegion) register(ctx context.Context, c *conn.Conn) error {
 		return r.gpu.register(ctx, c, r.base, r.size)
 	}
 	return nil
+}
+
+// gpuAlloc is a device allocation registered with the server: what its
+// registration sent, kept so that the region can be registered again (with
+// a restarted server).
+type gpuAlloc struct {
+	device    int
+	allocBase uintptr
+	allocSize uint64
+	handle    hip.IpcMemHandle // exported from allocBase
+}
+
+// register registers size bytes at base, inside the allocation, with the
+// server c is attached to.
+func (g *gpuAlloc) register(ctx context.Context, c *conn.Conn, base uintptr, size uint64) error {
+	if base < g.allocBase || size > g.allocSize || uint64(base-g.allocBase) > g.allocSize-size {
+		return fmt.Errorf("GPU region %#x+%d lies outside its allocation %#x+%d", base, size, g.allocBase, g.allocSize)
+	}
+	return c.RegisterGPU(ctx, conn.GPURegion{
+		Device:    g.device,
+		Base:      base,
+		Size:      size,
+		Handle:    [conn.IPCHandleSize]byte(g.handle),
+		IPCOffset: uint64(base - g.allocBase),
+		AllocBase: g.allocBase,
+	})
 }
 
 // regionSet is a worker handle's registered memory: its regions, sorted by

@@ -222,7 +222,7 @@ func TestEngineBeforeServer(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		w, err := rt.NewWorkerHandle(context.Background(), "late", umbp.RankTopology{}, nil)
+		w, err := rt.NewWorkerHandle(context.Background(), nil)
 		done <- result{w, err}
 	}()
 	<-started

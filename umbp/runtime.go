@@ -1,10 +1,5 @@
 package umbp
 
-import (
-	"errors"
-	"fmt"
-)
-
 // StandaloneRuntime is a validated configuration that yields handles on one
 // umbp_standalone_server. It holds no connection itself: each handle owns
 // its own. It is safe for concurrent use.
@@ -17,7 +12,7 @@ type StandaloneRuntime struct {
 func NewStandaloneRuntime(cfg Config) (*StandaloneRuntime, error) {
 	s, err := cfg.settle()
 	if err != nil {
-		return nil, err
+		return nil, invalid(err)
 	}
 	return &StandaloneRuntime{cfg: s}, nil
 }
@@ -37,29 +32,25 @@ func (r *StandaloneRuntime) Config() Config {
 	return c
 }
 
-// attachError is a failed first attach as a handle's constructor returns
-// it: once with the package's prefix and the endpoint (dial's errors carry
-// neither, so that the reconnect warnings, which name the endpoint beside
-// them, do not say it twice).
-func (r *StandaloneRuntime) attachError(err error) error {
-	if errors.Is(err, ErrUntrustedServer) {
-		return fmt.Errorf("umbp: refusing the UMBP standalone server at %s: %w", r.cfg.Endpoint, err)
-	}
-	return fmt.Errorf("umbp: cannot attach to the UMBP standalone server at %s: %w", r.cfg.Endpoint, err)
+// ClusterRuntime is a validated configuration that yields scheduler handles
+// on MORI's UMBP master: the same [SchedulerHandle] a [StandaloneRuntime]
+// yields, asking the master instead of a node's server. It holds no
+// connection itself: each handle owns its own. It is safe for concurrent
+// use.
+type ClusterRuntime struct {
+	cfg ClusterConfig
 }
 
-// checkHandleArgs validates what every handle constructor takes.
-func checkHandleArgs(namespace string, topo RankTopology, layout *KVLayoutDescriptor) error {
-	if err := validateNamespace(namespace); err != nil {
-		return err
+// NewClusterRuntime validates cfg and fills in defaults. It does no I/O.
+// Plaintext to an address that is not loopback is refused unless
+// cfg.AllowPlaintext, and the error says why.
+func NewClusterRuntime(cfg ClusterConfig) (*ClusterRuntime, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, invalid(err)
 	}
-	if err := topo.Validate(); err != nil {
-		return err
-	}
-	if layout != nil {
-		if err := layout.Validate(); err != nil {
-			return err
-		}
-	}
-	return nil
+	return &ClusterRuntime{cfg: c}, nil
 }
+
+// Config returns the configuration in effect, defaults filled in.
+func (r *ClusterRuntime) Config() ClusterConfig { return r.cfg }

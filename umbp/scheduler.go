@@ -6,175 +6,111 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"sync"
 	"time"
 	"unicode/utf8"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
-	"github.com/umbp-go/umbp-go/internal/daemonpool"
 	"github.com/umbp-go/umbp-go/internal/encoded"
 	"github.com/umbp-go/umbp-go/internal/masterconn"
-	"github.com/umbp-go/umbp-go/internal/rpc"
-)
-
-var (
-	// errUnanswered refuses a call while an earlier one that overran its
-	// deadline has not returned: the server is stalled, asking again would
-	// only queue behind it.
-	errUnanswered = errors.New("an earlier call to the server has not returned")
 )
 
 // SchedulerHandle answers a scheduler's questions about which KV blocks the
-// shared pool holds. It never holds its caller up: every call runs on a
-// detached goroutine, and a call that fails or gets no reply within
-// LookupTimeout answers as a miss. Until a call that overran returns, later
-// calls answer misses at once without touching the server. If the server
-// goes away, the handle attaches to its successor on its own; meanwhile
-// lookups answer misses at once.
+// shared pool holds, and a router's about where a prompt lives. It never
+// holds its caller up: every call runs on a detached goroutine, and a call
+// that fails or gets no reply within LookupTimeout answers as a miss. Until
+// a call that overran returns, later calls answer misses at once without
+// touching the server. If the server goes away, the handle attaches to its
+// successor on its own; meanwhile lookups answer misses at once.
+//
+// A [StandaloneRuntime] yields handles on one node's server, a
+// [ClusterRuntime] on MORI's master: the same calls, the same bounds.
 //
 // A SchedulerHandle is safe for concurrent use.
 type SchedulerHandle struct {
-	backend schedBackend // a standalone server, or the master
-	address string
-	log     *slog.Logger
-	timeout time.Duration // per call, from LookupTimeout
-	// The RPC itself carries no deadline: a deadline costs a timer on both
-	// sides of every call (measured: about a third of a 1024-key lookup),
-	// and a call that overran is waited out rather than repeated anyway.
+	backend      lookupBackend // a standalone server, or the master
+	calls        *caller
+	address      string
+	log          *slog.Logger
 	closeTimeout time.Duration
 	what         string // "UMBP standalone" or "UMBP master", for logs
 	failures     logLimiter
 	stats        lookupCounters
 	quarantine   *quarantine // nil: off
-
-	mu sync.Mutex
-	// calls runs the calls to the current connection; a new connection
-	// gets a new pool, so that no call queues behind one stuck on the old.
-	calls      *daemonpool.Pool
-	unanswered <-chan struct{} // the Done channel of a call that overran
-	closed     bool
 }
 
 // NewSchedulerHandle attaches a scheduler handle to the server, waiting at
-// most StartupTimeout (or until ctx ends) for it to answer. The namespace,
-// topology and layout are validated but do not affect lookups: keys are
-// looked up exactly as given. layout may be nil.
-func (r *StandaloneRuntime) NewSchedulerHandle(ctx context.Context, namespace string, topo RankTopology, layout *KVLayoutDescriptor) (*SchedulerHandle, error) {
-	if err := checkHandleArgs(namespace, topo, layout); err != nil {
-		return nil, err
-	}
-	pool, err := newLookupPool()
-	if err != nil {
-		return nil, err
-	}
+// most StartupTimeout (or until ctx ends) for it to answer. Its lookups ask
+// about keys exactly as given.
+func (r *StandaloneRuntime) NewSchedulerHandle(ctx context.Context) (*SchedulerHandle, error) {
 	h := &SchedulerHandle{
 		address:      r.cfg.Endpoint,
 		what:         "UMBP standalone",
 		log:          r.cfg.Logger,
-		timeout:      r.cfg.LookupTimeout,
 		closeTimeout: r.cfg.Timeout,
-		calls:        pool,
 		quarantine:   newQuarantine(r.cfg.LoadFailureQuarantine),
 	}
 	l, err := newLink(ctx, r.cfg, nil, h.replaced)
 	if err != nil {
-		pool.Shutdown()
-		return nil, r.attachError(err)
+		return nil, opError("attach", r.cfg.Endpoint, err)
 	}
-	h.backend = standaloneBackend{l}
+	b := standaloneBackend{l}
+	if h.calls, err = newCaller(b, r.cfg.LookupTimeout); err != nil {
+		_ = b.close(nil, r.cfg.Timeout)
+		return nil, opError("attach", r.cfg.Endpoint, err)
+	}
+	h.backend = b
 	return h, nil
 }
 
-// replaced runs when the link attached to a new server: calls go to a new
-// pool, and the old connection closes at once. A lookup names no client
-// memory, and closing cancels a call stuck on the old server, so the old
-// pool's goroutine is freed too.
-func (h *SchedulerHandle) replaced(old *conn.Conn) {
-	h.mu.Lock()
-	oldPool := h.calls
-	swapped := false
-	if !h.closed {
-		if pool, err := newLookupPool(); err == nil {
-			h.calls, h.unanswered = pool, nil
-			swapped = true
-		}
-	}
-	h.mu.Unlock()
-	if swapped {
-		oldPool.Shutdown()
-	} // else Close shuts it down
-	_ = old.Close()
-}
-
-// newLookupPool is the one detached goroutine that a scheduler handle's
-// calls to one connection run on.
-func newLookupPool() (*daemonpool.Pool, error) {
-	return daemonpool.New(1, "umbp-standalone-lookup", nil)
-}
-
-// call runs fn on h's detached goroutine and waits for it at most
-// LookupTimeout or until ctx ends.
-func call[T any](ctx context.Context, h *SchedulerHandle, method string, fn func(context.Context, lookupSource) (T, error)) (T, error) {
-	var zero T
-	h.mu.Lock()
-	if h.closed {
-		h.mu.Unlock()
-		return zero, ErrClosed
-	}
-	// Read under h.mu: a replaced connection swaps the pool under h.mu
-	// after swapping the connection, so a call never runs on a new pool
-	// against an old connection.
-	c, err := h.backend.session()
-	if err != nil {
-		h.mu.Unlock()
-		return zero, err
-	}
-	if h.unanswered != nil {
-		select {
-		case <-h.unanswered:
-			h.unanswered = nil
-		default:
-			h.mu.Unlock()
-			return zero, errUnanswered
-		}
-	}
-	pool := h.calls
-	f, err := daemonpool.Submit(pool, func() (T, error) {
-		v, err := fn(context.Background(), c)
-		h.backend.failed(err)
-		return v, err
+// NewSchedulerHandle attaches a scheduler handle to the master, waiting at
+// most StartupTimeout (or until ctx ends) for it to answer. Its lookups ask
+// the master whether any node holds a key, on any tier; Clear is refused
+// (a distributed pool is cleared by its nodes, not by a scheduler, as in
+// vLLM).
+func (r *ClusterRuntime) NewSchedulerHandle(ctx context.Context) (*SchedulerHandle, error) {
+	fail := func(err error) (*SchedulerHandle, error) { return nil, opError("attach", r.cfg.Master, err) }
+	c, err := masterconn.New(masterconn.Options{
+		Address:        r.cfg.Master,
+		Creds:          r.cfg.TransportCredentials,
+		AllowPlaintext: r.cfg.AllowPlaintext,
+		MaxReplyBytes:  r.cfg.MaxReplyBytes,
+		MaxNodes:       r.cfg.MaxNodes,
+		StatsHandler:   r.cfg.StatsHandler,
+		Redial:         masterRedial,
 	})
-	h.mu.Unlock()
 	if err != nil {
-		return zero, err
+		return fail(err)
 	}
-	timer := time.NewTimer(h.timeout)
-	defer timer.Stop()
-	select {
-	case <-f.Done():
-		return f.Result()
-	case <-timer.C:
-	case <-ctx.Done():
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.StartupTimeout)
+	err = c.Probe(pctx, true)
+	cancel()
+	if err != nil {
+		_ = c.Close()
+		return fail(err)
 	}
-	select {
-	case <-f.Done(): // answered just in time
-		return f.Result()
-	default:
+	b := newMasterBackend(c, r.cfg)
+	calls, err := newCaller(b, r.cfg.LookupTimeout)
+	if err != nil {
+		_ = b.close(nil, r.cfg.Timeout)
+		return fail(err)
 	}
-	if !f.Cancel() { // a call that never started holds nothing up
-		h.mu.Lock()
-		// A call on a pool replaced meanwhile holds up nothing: its
-		// connection is closed.
-		if h.calls == pool && (h.unanswered == nil || isDone(h.unanswered)) {
-			h.unanswered = f.Done()
-		}
-		h.mu.Unlock()
-	}
-	if err := ctx.Err(); err != nil {
-		return zero, fmt.Errorf("%s: %w", h.backend.rpcName(method), err)
-	}
-	h.stats.timeouts.Add(1)
-	return zero, fmt.Errorf("%s got no reply within %v: %w", h.backend.rpcName(method), h.timeout, context.DeadlineExceeded)
+	return &SchedulerHandle{
+		backend:      b,
+		calls:        calls,
+		address:      r.cfg.Master,
+		what:         "UMBP master",
+		log:          r.cfg.Logger,
+		closeTimeout: r.cfg.Timeout,
+		quarantine:   newQuarantine(r.cfg.LoadFailureQuarantine),
+	}, nil
+}
+
+// replaced runs when the link attached to a new server: calls go to a new
+// goroutine, and the old connection closes at once. A lookup names no
+// client memory, and closing cancels a call stuck on the old server.
+func (h *SchedulerHandle) replaced(old *conn.Conn) {
+	h.calls.reset()
+	_ = old.Close()
 }
 
 // State reports whether the handle is connected, reconnecting or closed.
@@ -199,23 +135,24 @@ func (h *SchedulerHandle) WaitForStateChange(ctx context.Context, from HandleSta
 
 // Stats returns a snapshot of the handle's health and counters.
 func (h *SchedulerHandle) Stats() Stats {
-	return Stats{State: h.State(), Capabilities: h.backend.capabilities(), Reconnects: h.backend.states().reconnects.Load(), Lookups: h.stats.snapshot()}
+	st := h.backend.states()
+	return Stats{State: st.get(), Capabilities: h.backend.capabilities(), Reconnects: st.reconnects.Load(), Lookups: h.stats.snapshot()}
 }
 
 // Lookup reports, for each key, whether the pool holds it. It returns one
 // bool per key, in order; any failure, a reply of the wrong length or no
-// reply within LookupTimeout answers all misses. Empty keys answer an empty
-// result without calling the server.
+// reply within LookupTimeout answers all misses. A key that cannot be in
+// the pool (empty, not UTF-8) is a miss; the others are still asked about.
+// No keys answer an empty result without calling the server.
 func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 	if len(keys) == 0 {
 		return []bool{}
 	}
 	// The call may outlive this one (LookupTimeout), and the caller may
 	// reuse its keys once Lookup returns: the request is encoded here, and
-	// the call sends the encoded bytes. A key the server cannot be asked
-	// about (empty, not UTF-8) is a miss, and the others are still looked
-	// up: the encoder, which checks every key anyway, refuses the batch, and
-	// it is encoded again without them.
+	// the call sends the encoded bytes. The encoder, which checks every
+	// key anyway, refuses a batch with a key that cannot be asked about;
+	// it is encoded again without such keys.
 	var at []int // where the keys asked about are in keys, when not all are
 	q, err := h.backend.encode(keys)
 	if err != nil {
@@ -228,8 +165,8 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 	h.stats.lookups.Add(1)
 	var out []bool
 	if n := len(keys); err == nil {
-		out, err = call(ctx, h, "BatchExists", func(ctx context.Context, c lookupSource) ([]bool, error) {
-			hits, err := c.exists(ctx, q)
+		out, err = call(ctx, h.calls, "lookup", func(ctx context.Context, src lookupSource) ([]bool, error) {
+			hits, err := src.exists(ctx, q)
 			if err != nil {
 				return nil, err
 			}
@@ -284,42 +221,52 @@ func validKeys(keys []string) ([]string, []int) {
 	return ask, at
 }
 
+// askable returns the leading keys that can be asked about: a key that
+// cannot (empty, not UTF-8) or is quarantined ends them.
+func (h *SchedulerHandle) askable(keys []string) []string {
+	if i := slices.IndexFunc(keys, func(k string) bool { return !lookupKeyOK(k) }); i >= 0 {
+		keys = keys[:i]
+	}
+	return keys[:h.quarantine.first(keys)]
+}
+
 // LookupPrefix returns how many leading keys the pool holds, under the same
-// rules as Lookup: any failure answers 0.
+// rules as Lookup: any failure answers 0. A key that cannot be in the pool,
+// or is quarantined, ends the prefix.
 func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
-	// A key that cannot exist ends the prefix: an empty one here, one that
-	// is not UTF-8 once the request could not be encoded (as in Lookup).
+	// An empty key ends the prefix here; one that is not UTF-8 once the
+	// encoder, which reads every key anyway, refused the batch.
 	if i := slices.Index(keys, ""); i >= 0 {
 		keys = keys[:i]
 	}
-	keys = keys[:h.quarantine.first(keys)] // so does one in quarantine
+	keys = keys[:h.quarantine.first(keys)]
 	if len(keys) == 0 {
 		return 0
 	}
 	h.stats.lookups.Add(1)
 	q, err := h.backend.encode(keys) // as in Lookup: the call may outlive this one
 	if err != nil {
-		// The count stops at the first key that is not UTF-8.
 		i := slices.IndexFunc(keys, func(k string) bool { return !utf8.ValidString(k) })
 		if i <= 0 {
 			h.stats.misses.Add(uint64(len(keys)))
 			return 0
 		}
-		q, err = h.backend.encode(keys[:i])
+		h.stats.misses.Add(uint64(len(keys) - i))
+		keys = keys[:i]
+		q, err = h.backend.encode(keys)
 	}
 	var n int
 	if err == nil {
-		n, err = call(ctx, h, "BatchExistsConsecutive", func(ctx context.Context, c lookupSource) (int, error) {
-			return c.prefix(ctx, q)
+		n, err = call(ctx, h.calls, "prefix lookup", func(ctx context.Context, src lookupSource) (int, error) {
+			n, err := src.prefix(ctx, q)
+			if err == nil && (n < 0 || n > len(keys)) {
+				err = fmt.Errorf("count %d for %d keys", n, len(keys))
+			}
+			return n, err
 		})
 	}
 	if err != nil {
 		h.logFailure("prefix lookup", err)
-		h.stats.misses.Add(uint64(len(keys)))
-		return 0
-	}
-	if n < 0 || n > len(keys) {
-		h.logFailure("prefix lookup", fmt.Errorf("count %d for %d keys", n, len(keys)))
 		h.stats.misses.Add(uint64(len(keys)))
 		return 0
 	}
@@ -328,24 +275,134 @@ func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
 	return n
 }
 
+// LookupTokens answers a scheduler's question "how much of this prompt
+// does the pool hold?": the number of leading tokens whose KV blocks a vLLM
+// engine with the UMBP connector stored, for every rank and every group,
+// counted in multiples of every group's block size. It asks once, for the
+// count of consecutive existing keys of the prompt's keys
+// ([TokenKeyer.Keys]); as every lookup, a failure, a stalled server or no
+// reply within LookupTimeout answers 0.
+//
+// The count includes a block that ends at the prompt's last token. The
+// connector's own decision to load never does, since the engine must
+// compute at least that token: for a prompt of n tokens it loads what
+// LookupTokens reports for the keys of the first n-1 tokens. And where the
+// engine has several groups, the connector may load less than this count,
+// as its coordinator decides per group kind.
+func (h *SchedulerHandle) LookupTokens(ctx context.Context, prompt *TokenKeys) int {
+	if prompt == nil || len(prompt.Keys) == 0 {
+		return 0
+	}
+	return prompt.Tokens(h.LookupPrefix(ctx, prompt.Keys))
+}
+
+// Score ranks candidate nodes for one request: per candidate the longest
+// run of the request's leading blocks it holds, by tier, weighed; and the
+// pool-wide prefix. It asks twice, in one bounded call: MatchExternalKv
+// (hits not counted) for the blocks and BatchLookup (a standalone server:
+// BatchExistsConsecutive) for the pool's keys. Never RouteGet: that leases
+// and counts. As every lookup, a failure, a bad answer or no reply within
+// LookupTimeout scores nothing (Complete false); the error reports only a
+// bad request. A block that cannot be asked about, or is quarantined, ends
+// the prefixes it is in.
+func (h *SchedulerHandle) Score(ctx context.Context, req ScoreRequest) (Scores, error) {
+	if err := req.check(); err != nil {
+		return Scores{}, invalid(err)
+	}
+	hashes, keys := req.blocks()
+	// The call may outlive this one (LookupTimeout), and the caller may
+	// reuse its slices once Score returns: it gets a copy of the hashes
+	// (their answer is checked against them) and the keys encoded.
+	hashes, keys = slices.Clone(h.askable(hashes)), h.askable(keys)
+	out := req.empty()
+	if len(hashes) == 0 && len(keys) == 0 {
+		out.Complete = true
+		req.rank(&out, nil, 0)
+		return out, nil
+	}
+	var q encoded.Keys
+	var qErr error
+	if len(keys) > 0 {
+		q, qErr = h.backend.encode(keys)
+	}
+	type answer struct {
+		nodes  []masterconn.NodeMatch
+		prefix int
+		errs   [2]error
+	}
+	h.stats.lookups.Add(1)
+	a, err := call(ctx, h.calls, "score", func(ctx context.Context, src lookupSource) (answer, error) {
+		var a answer
+		if len(hashes) > 0 {
+			a.nodes, a.errs[0] = src.match(ctx, hashes)
+		}
+		switch {
+		case len(keys) == 0:
+		case qErr != nil:
+			a.errs[1] = qErr
+		default:
+			a.prefix, a.errs[1] = src.prefix(ctx, q)
+			if a.errs[1] == nil && (a.prefix < 0 || a.prefix > len(keys)) {
+				a.errs[1] = fmt.Errorf("count %d for %d keys", a.prefix, len(keys))
+				a.prefix = 0
+			}
+		}
+		// A call whose both halves failed failed: the handle's fail-fast
+		// and the link's reconnect see it.
+		if a.errs[0] != nil && (a.errs[1] != nil || len(keys) == 0) {
+			return a, a.errs[0]
+		}
+		if a.errs[1] != nil && len(hashes) == 0 {
+			return a, a.errs[1]
+		}
+		return a, nil
+	})
+	if err != nil {
+		h.logFailure("score", err)
+		return out, nil
+	}
+	out.Complete = true
+	for i, e := range a.errs {
+		if e != nil {
+			out.Complete = false
+			h.logFailure([...]string{"score: match", "score: pool prefix"}[i], e)
+		}
+	}
+	req.rank(&out, a.nodes, a.prefix)
+	return out, nil
+}
+
+// QuarantineKeys makes keys whose load failed answer as misses, in every
+// lookup and score of this handle, for the configured quarantine time
+// (Config.LoadFailureQuarantine, ClusterConfig.LoadFailureQuarantine); a
+// handle without one ignores them. Feed it the failed keys of load jobs
+// ([TransferJob.FailedKeys]), as vLLM's scheduler quarantines the blocks
+// its workers failed to load: the pool may still list a key it cannot
+// serve (a node that died, an object evicted under the load).
+func (h *SchedulerHandle) QuarantineKeys(keys []string) {
+	if n := h.quarantine.add(keys); n > 0 && h.failures.allow() {
+		h.log.Warn(h.what+" quarantine is full; some failed keys were not quarantined", "endpoint", h.address, "keys", n)
+	}
+}
+
 // Clear removes every object from the pool — the KV of every engine attached
 // to the server, not only this one's. It returns nil once the server has
 // done so; otherwise an error that says why: refused (ErrRefused),
 // unreachable (ErrUnavailable), or no reply within LookupTimeout
-// (context.DeadlineExceeded).
+// (context.DeadlineExceeded). A handle on the master is refused
+// (ErrNotSupported): a distributed pool is cleared by its nodes.
 func (h *SchedulerHandle) Clear(ctx context.Context) error {
-	if err := h.backend.clearRefusal(); err != nil {
-		return fmt.Errorf("umbp: clear the pool at %s: %w", h.address, err)
-	}
-	cleared, err := call(ctx, h, "Clear", func(ctx context.Context, c lookupSource) (bool, error) {
-		return c.clear(ctx)
+	cleared, err := call(ctx, h.calls, "Clear", func(ctx context.Context, src lookupSource) (bool, error) {
+		return src.clear(ctx)
 	})
 	if err == nil && !cleared {
 		err = fmt.Errorf("%w: the server answered that it did not clear its pool", ErrRefused)
 	}
 	if err != nil {
-		h.logFailure("clear", err)
-		return fmt.Errorf("umbp: clear the pool at %s: %w", h.address, err)
+		if !errors.Is(err, ErrNotSupported) {
+			h.logFailure("clear", err)
+		}
+		return opError("clear", h.address, err)
 	}
 	h.log.Info("cleared the UMBP standalone pool; this removes KV for every engine attached to it", "endpoint", h.address)
 	return nil
@@ -355,168 +412,36 @@ func (h *SchedulerHandle) Clear(ctx context.Context) error {
 // scheduler call; the answer also refreshes what [SchedulerHandle.Stats]
 // reports. Its error says why the server did not answer.
 func (h *SchedulerHandle) Ping(ctx context.Context) (ServerCapabilities, error) {
-	caps, err := call(ctx, h, "Ping", func(ctx context.Context, c lookupSource) (ServerCapabilities, error) {
-		return c.ping(ctx)
+	caps, err := call(ctx, h.calls, "Ping", func(ctx context.Context, src lookupSource) (ServerCapabilities, error) {
+		return src.ping(ctx)
 	})
-	if err != nil {
-		return ServerCapabilities{}, fmt.Errorf("umbp: ping %s: %w", h.address, err)
-	}
-	return caps, nil
+	return caps, opError("ping", h.address, err)
 }
 
 // Close releases the handle. It never blocks longer than Timeout. If a call
-// to the server never returned, the connection is left open until it does
-// (the server may still be working on it) and Close says so; calls after
-// Close answer misses.
+// to a standalone server never returned, the connection is left open until
+// it does (the server may still be working on it) and Close says so; calls
+// after Close answer misses.
 func (h *SchedulerHandle) Close() error {
-	h.mu.Lock()
-	if h.closed {
-		h.mu.Unlock()
+	stuck, first := h.calls.close()
+	if !first {
 		return nil
 	}
-	h.closed = true
-	h.mu.Unlock()
-	h.backend.shutdown()
-	h.mu.Lock()
-	calls := h.calls
-	unanswered := h.unanswered != nil && !isDone(h.unanswered)
-	h.mu.Unlock()
-	calls.Shutdown()
-	closeConn := h.backend.closer()
-	if unanswered && h.backend.waitsOutCalls() {
-		// Close the connection once the call returns; closing it now would
-		// wait for that call.
-		go func() {
-			<-calls.Terminated()
-			_ = closeConn()
-		}()
-		return h.leaveOpen("a call to the server never returned")
+	err := h.backend.close(stuck, h.closeTimeout)
+	if err != nil {
+		h.log.Warn(h.what+" scheduler handle's close did not complete", "endpoint", h.address, "err", err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- closeConn() }()
-	timer := time.NewTimer(h.closeTimeout)
-	defer timer.Stop()
-	select {
-	case err := <-done:
-		if err != nil {
-			h.log.Warn(h.what+" scheduler client close failed", "endpoint", h.address, "err", err)
-		}
-		return nil
-	case <-timer.C:
-		return h.leaveOpen(fmt.Sprintf("close did not return in %v", h.closeTimeout))
-	}
-}
-
-func (h *SchedulerHandle) leaveOpen(reason string) error {
-	h.log.Warn(h.what+" scheduler client left open at shutdown", "endpoint", h.address, "reason", reason)
-	return fmt.Errorf("umbp: scheduler connection to %s left open: %s", h.address, reason)
+	return opError("close", h.address, err)
 }
 
 func (h *SchedulerHandle) logFailure(op string, err error) {
-	if !errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, errNoReply) {
+		h.stats.timeouts.Add(1)
+	} else if !errors.Is(err, context.DeadlineExceeded) {
 		h.stats.failures.Add(1)
 	}
-	if errors.Is(err, ErrClosed) || errors.Is(err, conn.ErrClosed) || !h.failures.allow() {
+	if errors.Is(err, ErrClosed) || !h.failures.allow() {
 		return
 	}
 	h.log.Warn(h.what+" call failed; treating as a miss", "op", op, "endpoint", h.address, "err", err)
-}
-
-func isDone(done <-chan struct{}) bool {
-	select {
-	case <-done:
-		return true
-	default:
-		return false
-	}
-}
-
-// schedBackend is what a scheduler handle is attached to: a standalone
-// server through the link, or MORI's master through a gRPC channel. The
-// handle's own machinery (the detached call, the timeout, fail-fast while
-// a call is stuck, the counters) is the same for both.
-type schedBackend interface {
-	// encode encodes a lookup's keys (none empty) for this backend, on
-	// the caller's goroutine: a key that is not UTF-8 is an error.
-	encode(keys []string) (encoded.Keys, error)
-	// session returns what a call asks now, or the error to answer at
-	// once (reconnecting, closed).
-	session() (lookupSource, error)
-	// failed sees every call's error.
-	failed(err error)
-	// states is the handle's state, which the backend moves.
-	states() *connState
-	capabilities() ServerCapabilities
-	// rpcName is what the call a scheduler method names (the standalone
-	// protocol's) is called here, for errors.
-	rpcName(method string) string
-	// clearRefusal is non-nil where Clear is refused without asking.
-	clearRefusal() error
-	// shutdown stops reconnecting and moves the state to closed.
-	shutdown()
-	// closer returns what closes the connection; waitsOutCalls reports
-	// whether closing it waits for a call in flight (so that Close must
-	// leave it to the call's end).
-	closer() func() error
-	waitsOutCalls() bool
-}
-
-// lookupSource is one connection's answers to what a scheduler asks.
-type lookupSource interface {
-	// exists and prefix send keys their backend's encode encoded; they
-	// free what they do not send.
-	exists(ctx context.Context, keys encoded.Keys) ([]bool, error)
-	prefix(ctx context.Context, keys encoded.Keys) (int, error)
-	// match asks the external KV index which nodes hold hashes.
-	match(ctx context.Context, hashes []string) ([]masterconn.NodeMatch, error)
-	clear(ctx context.Context) (bool, error)
-	ping(ctx context.Context) (ServerCapabilities, error)
-}
-
-// standaloneBackend is a scheduler handle's link to a standalone server.
-type standaloneBackend struct{ l *link }
-
-func (b standaloneBackend) session() (lookupSource, error) {
-	c, err := b.l.current()
-	if err != nil {
-		return nil, err
-	}
-	return standaloneSource{c}, nil
-}
-
-func (b standaloneBackend) encode(keys []string) (encoded.Keys, error) { return conn.EncodeKeys(keys) }
-func (b standaloneBackend) failed(err error)                           { b.l.failed(err) }
-func (b standaloneBackend) states() *connState                         { return &b.l.st }
-func (b standaloneBackend) capabilities() ServerCapabilities           { return b.l.capabilities() }
-func (b standaloneBackend) clearRefusal() error                        { return nil }
-func (b standaloneBackend) rpcName(method string) string               { return method }
-func (b standaloneBackend) shutdown()                                  { b.l.shutdown() }
-func (b standaloneBackend) closer() func() error                       { return b.l.conn().Close }
-func (b standaloneBackend) waitsOutCalls() bool                        { return true }
-
-// standaloneSource asks one connection to a standalone server.
-type standaloneSource struct{ c *conn.Conn }
-
-func (s standaloneSource) exists(ctx context.Context, keys encoded.Keys) ([]bool, error) {
-	hits, errs := s.c.BatchExistsEncoded(ctx, keys)
-	return hits, conn.Joined(errs)
-}
-
-func (s standaloneSource) prefix(ctx context.Context, keys encoded.Keys) (int, error) {
-	return s.c.BatchExistsConsecutiveEncoded(ctx, keys)
-}
-
-func (s standaloneSource) match(ctx context.Context, hashes []string) ([]masterconn.NodeMatch, error) {
-	matches, err := s.c.MatchExternalKvOnce(ctx, hashes)
-	if err != nil {
-		return nil, err
-	}
-	return masterconn.CheckMatch(hashes, matches, rpc.MaxNodes)
-}
-
-func (s standaloneSource) clear(ctx context.Context) (bool, error) { return s.c.Clear(ctx) }
-
-func (s standaloneSource) ping(ctx context.Context) (ServerCapabilities, error) {
-	caps, err := s.c.Ping(ctx)
-	return capabilitiesOf(caps), err
 }

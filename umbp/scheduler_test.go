@@ -44,7 +44,7 @@ func storeKeys(t *testing.T, rt *umbp.StandaloneRuntime, n int) []string {
 
 func newScheduler(t *testing.T, rt *umbp.StandaloneRuntime) *umbp.SchedulerHandle {
 	t.Helper()
-	h, err := rt.NewSchedulerHandle(context.Background(), "test", umbp.RankTopology{}, nil)
+	h, err := rt.NewSchedulerHandle(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +197,7 @@ func TestSchedulerCloseWithStuckCall(t *testing.T) {
 	cfg := testConfig(t, srv.Endpoint())
 	cfg.Timeout = 500 * time.Millisecond
 	rt := newRuntime(t, cfg)
-	h, err := rt.NewSchedulerHandle(context.Background(), "test", umbp.RankTopology{}, nil)
+	h, err := rt.NewSchedulerHandle(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,14 +223,14 @@ func TestNewSchedulerHandleUnreachable(t *testing.T) {
 	cfg.StartupTimeout = 300 * time.Millisecond
 	rt := newRuntime(t, cfg)
 	start := time.Now()
-	_, err := rt.NewSchedulerHandle(context.Background(), "test", umbp.RankTopology{}, nil)
-	if err == nil || !strings.Contains(err.Error(), "umbp: cannot attach to the UMBP standalone server at unix://"+ep+": server unavailable: no socket file there; start umbp_standalone_server on this host first") {
+	_, err := rt.NewSchedulerHandle(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "umbp: attach at unix://"+ep+": server unavailable: no socket file there; start umbp_standalone_server on this host first") {
 		t.Fatalf("err = %v", err)
 	}
 	if el := time.Since(start); el > cfg.StartupTimeout+margin {
 		t.Fatalf("attach took %v past StartupTimeout %v", el, cfg.StartupTimeout)
 	}
-	if _, err := rt.NewSchedulerHandle(context.Background(), "t", umbp.RankTopology{TPSize: 2, TPRank: 2}, nil); err == nil {
+	if _, err := rt.NewSchedulerHandle(context.Background()); err == nil {
 		t.Fatal("bad topology accepted")
 	}
 }
@@ -311,7 +311,7 @@ func TestSchedulerTakeoverWhileStuck(t *testing.T) {
 	cfg := testConfig(t, ep)
 	cfg.LookupTimeout = time.Second
 	rt := newRuntime(t, cfg)
-	h, err := rt.NewSchedulerHandle(context.Background(), "x", umbp.RankTopology{}, nil)
+	h, err := rt.NewSchedulerHandle(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -205,7 +205,7 @@ func newSoakEngine(t *testing.T, rt *umbp.StandaloneRuntime, name string, layers
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	w, err := rt.NewWorkerHandle(ctx, "soak", umbp.RankTopology{}, layout)
+	w, err := rt.NewWorkerHandle(ctx, layout)
 	if err != nil {
 		_ = buf.Close()
 		t.Fatal(err)
@@ -335,19 +335,13 @@ func (e *soakEngine) step(s *soakRun, timeout time.Duration) {
 		sj.kind = "store"
 		e.fill(plans)
 		if bulk {
-			bare := make([]umbp.BlockTransferPlan, len(plans))
+			bare := make([]umbp.Block, len(plans))
 			for i, p := range plans {
-				bare[i] = umbp.BlockTransferPlan{Key: p.Key, BlockID: p.BlockID}
+				bare[i] = umbp.Block{Key: p.Key, BlockID: p.BlockID}
 			}
 			start = time.Now()
-			job, err := e.w.StoreBlocks(bare)
+			sj.job = e.w.StoreBlocks(bare)
 			s.timed("StoreBlocks", start)
-			if err != nil {
-				s.fail("engine %s: StoreBlocks refused its plans: %v", e.name, err)
-				e.release(blocks)
-				return
-			}
-			sj.job = job
 		} else {
 			start = time.Now()
 			sj.job = e.w.Store(plans)
@@ -357,16 +351,13 @@ func (e *soakEngine) step(s *soakRun, timeout time.Duration) {
 		sj.kind = "load"
 		e.poison(plans)
 		if bulk {
-			batch := umbp.BlockLoadBatch{Keys: keys, BlockIDs: blocks, GroupIDs: make([]int, len(blocks))}
-			start = time.Now()
-			job, err := e.w.LoadBlocks(batch)
-			s.timed("LoadBlocks", start)
-			if err != nil {
-				s.fail("engine %s: LoadBlocks refused its batch: %v", e.name, err)
-				e.release(blocks)
-				return
+			bare := make([]umbp.Block, len(blocks))
+			for i, b := range blocks {
+				bare[i] = umbp.Block{Key: keys[i], BlockID: b}
 			}
-			sj.job = job
+			start = time.Now()
+			sj.job = e.w.LoadBlocks(bare)
+			s.timed("LoadBlocks", start)
 		} else {
 			start = time.Now()
 			sj.job = e.w.Load(plans)
@@ -667,7 +658,7 @@ func TestSoak(t *testing.T) {
 	for i, layers := range soakLayouts {
 		engines[i] = newSoakEngine(t, rt, fmt.Sprintf("e%d", i), layers, seed+uint64(i)+1)
 	}
-	sched, err := rt.NewSchedulerHandle(context.Background(), "soak", umbp.RankTopology{}, nil)
+	sched, err := rt.NewSchedulerHandle(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -78,7 +79,7 @@ func (s *stagingPool) get(ctx context.Context, c *conn.Conn, size uint64) (*Host
 	s.mu.Unlock()
 
 	want := max(size, stagingMin)
-	b, err := NewHostBuffer(int(want))
+	b, err := newHostBuffer(int(want))
 	if err != nil {
 		return nil, err
 	}
@@ -94,46 +95,37 @@ func (s *stagingPool) get(ctx context.Context, c *conn.Conn, size uint64) (*Host
 	return b, nil
 }
 
-// prepareStaging readies, within ctx, the staging buffer that the first
-// multi-range transfer on a server without ranged I/O would otherwise
-// create, register and fault in on the engine's step: sized for the
-// layout's largest job (every block of its multi-range groups, at most
-// stagingChunk), its pages touched. Failures are left to the first
-// transfer, which makes the buffer itself.
-func (w *WorkerHandle) prepareStaging(ctx context.Context) {
-	c, err := w.link.current()
-	if err != nil || w.planner == nil || c.Capabilities().RangedIO {
+// prepare readies, within ctx, on c's server, the staging buffer of size
+// bytes (at most stagingChunk) that the first multi-range transfer on a
+// server without ranged I/O would otherwise create, register and fault in
+// on the engine's step: its pages touched, the server's mapping of it
+// faulted in too. Failures are left to the first transfer, which makes the
+// buffer itself; what failed goes to log at Debug.
+func (s *stagingPool) prepare(ctx context.Context, c *conn.Conn, size uint64, log *slog.Logger) {
+	size = min(size, stagingChunk)
+	if size == 0 || c.Capabilities().RangedIO || s.has(size) {
 		return
 	}
-	var size uint64
-	for _, g := range w.planner.Groups() {
-		if w.planner.rangesPerBlock(g) > 1 {
-			size += w.planner.ObjectSize(g) * uint64(w.planner.NumBlocks(g))
-		}
-	}
-	if size == 0 || w.staging.has(min(size, stagingChunk)) {
-		return
-	}
-	b, err := w.staging.get(ctx, c, min(size, stagingChunk))
+	b, err := s.get(ctx, c, size)
 	if err != nil {
-		w.log.Debug("UMBP standalone staging buffer not prepared; the first staged transfer makes it", "endpoint", w.address, "err", err)
+		log.Debug("UMBP standalone staging buffer not prepared; the first staged transfer makes it", "err", err)
 		return
 	}
 	b.prefault()
-	switch err := w.warmStaging(ctx, c, b); {
+	switch err := warmStaging(ctx, c, b); {
 	case err == nil:
 	case errors.Is(err, errWarmUpAnswered):
 		// The server answered: nothing of the warm-up is in flight, and
 		// the buffer is used, if colder.
-		w.log.Debug("UMBP standalone staging buffer not warmed up", "endpoint", w.address, "err", err)
+		log.Debug("UMBP standalone staging buffer not warmed up", "err", err)
 	default:
 		// The server may still be writing into it: used again only once
 		// that server process has exited.
-		w.log.Debug("UMBP standalone staging buffer not warmed up; the first staged transfer makes another", "endpoint", w.address, "err", err)
-		w.staging.setAside(c, b)
+		log.Debug("UMBP standalone staging buffer not warmed up; the first staged transfer makes another", "err", err)
+		s.setAside(c, b)
 		return
 	}
-	w.staging.put(b)
+	s.put(b)
 }
 
 // errWarmUpAnswered is warmStaging's error when the server answered but did
@@ -149,7 +141,7 @@ var errWarmUpAnswered = errors.New("the server did not keep the warm-up object")
 // error leaves b in an unknown state: the server may still be writing into
 // it, unless the error matches errWarmUpAnswered: the server answered every
 // request, and b is free.
-func (w *WorkerHandle) warmStaging(ctx context.Context, c *conn.Conn, b *HostBuffer) error {
+func warmStaging(ctx context.Context, c *conn.Conn, b *HostBuffer) error {
 	base, n := uint64(b.base()), b.mappedSize()/warmUpSize
 	if n == 0 {
 		return nil
@@ -235,10 +227,9 @@ func hostBytes(addr uintptr, n uint64) []byte {
 }
 
 // move moves the multi-range items at indexes multi through staging
-// buffers, chunk by chunk, recording each item's result and, where its
-// chunk failed, its error: a chunk that got no staging buffer sent nothing,
-// and its items fail as not attempted.
-func (s *stagingPool) move(ctx context.Context, c *conn.Conn, kind jobKind, items []item, multi []int, results []bool, itemErrs *[]error) {
+// buffers, chunk by chunk, recording each item's answer in r: a chunk that
+// got no staging buffer sent nothing, and its items fail as not attempted.
+func (s *stagingPool) move(ctx context.Context, c *conn.Conn, kind jobKind, items []item, multi []int, r *results) {
 	for start := 0; start < len(multi); {
 		end, total := start, uint64(0)
 		for end < len(multi) && (end == start || total+items[multi[end]].obj.Size <= stagingChunk) {
@@ -246,33 +237,21 @@ func (s *stagingPool) move(ctx context.Context, c *conn.Conn, kind jobKind, item
 			end++
 		}
 		chunk := multi[start:end]
-		buf, err := s.get(ctx, c, total)
-		if err != nil {
+		if buf, err := s.get(ctx, c, total); err != nil {
 			for _, k := range chunk {
-				setErr(itemErrs, len(items), k, notAttempted(err))
+				r.set(k, false, notAttempted(err))
 			}
-		} else if errs := s.moveChunk(ctx, c, kind, buf, items, chunk, results); errs != nil {
-			for i, k := range chunk {
-				if errs[i] != nil {
-					setErr(itemErrs, len(items), k, errs[i])
-				}
-			}
+		} else {
+			s.moveChunk(ctx, c, kind, buf, items, chunk, r)
 		}
 		start = end
 	}
 }
 
 // moveChunk moves the items at indexes idx through buf, in one BatchPut or
-// BatchGet, and gives buf back — once its server has exited, if a request's
-// transport failed (that server may still be copying).
-func (s *stagingPool) moveChunk(ctx context.Context, c *conn.Conn, kind jobKind, buf *HostBuffer, items []item, idx []int, results []bool) (errs []error) {
-	defer func() {
-		if errors.Is(conn.Joined(errs), conn.ErrUnavailable) {
-			s.setAside(c, buf)
-		} else {
-			s.put(buf)
-		}
-	}()
+// BatchGet, and gives buf back — once its server has exited, if a request
+// is in doubt (that server may still be copying).
+func (s *stagingPool) moveChunk(ctx context.Context, c *conn.Conn, kind jobKind, buf *HostBuffer, items []item, idx []int, r *results) {
 	stage := buf.mem
 	keys := make([]string, len(idx))
 	segs := make([]conn.Segment, len(idx))
@@ -282,27 +261,26 @@ func (s *stagingPool) moveChunk(ctx context.Context, c *conn.Conn, kind jobKind,
 		keys[i] = obj.Key
 		segs[i] = conn.Segment{RegionBase: uint64(buf.base()), Offset: off, Size: obj.Size}
 		if kind == kindStore {
-			for _, r := range obj.Ranges {
-				copy(stage[off+r.ObjectOffset:off+r.ObjectOffset+r.Size], hostBytes(uintptr(r.RegionBase+r.Offset), r.Size))
+			for _, rg := range obj.Ranges {
+				copy(stage[off+rg.ObjectOffset:off+rg.ObjectOffset+rg.Size], hostBytes(uintptr(rg.RegionBase+rg.Offset), rg.Size))
 			}
 		}
 		off += obj.Size
 	}
-	var got []bool
-	if kind == kindStore {
-		got, errs = c.BatchPut(ctx, keys, segs)
-	} else {
-		got, errs = c.BatchGet(ctx, keys, segs)
-	}
+	ok, errs := segments(ctx, c, kind, keys, segs)
 	for i, k := range idx {
-		results[k] = got[i]
-		if got[i] && kind == kindLoad {
+		if ok[i] && kind == kindLoad {
 			obj := &items[k].obj
 			base := segs[i].Offset
-			for _, r := range obj.Ranges {
-				copy(hostBytes(uintptr(r.RegionBase+r.Offset), r.Size), stage[base+r.ObjectOffset:base+r.ObjectOffset+r.Size])
+			for _, rg := range obj.Ranges {
+				copy(hostBytes(uintptr(rg.RegionBase+rg.Offset), rg.Size), stage[base+rg.ObjectOffset:base+rg.ObjectOffset+rg.Size])
 			}
 		}
 	}
-	return errs
+	r.from(idx, ok, errs)
+	if slices.ContainsFunc(errs, inDoubt) {
+		s.setAside(c, buf)
+	} else {
+		s.put(buf)
+	}
 }

@@ -75,11 +75,11 @@ func TestWaitForStateChangeClose(t *testing.T) {
 	srv := newServer(t, umbptest.Options{})
 	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
 	ctx := bound(t)
-	w, err := rt.NewWorkerHandle(ctx, "state", umbp.RankTopology{}, nil)
+	w, err := rt.NewWorkerHandle(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := rt.NewSchedulerHandle(ctx, "state", umbp.RankTopology{}, nil)
+	h, err := rt.NewSchedulerHandle(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

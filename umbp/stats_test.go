@@ -19,10 +19,7 @@ func TestStatsGroups(t *testing.T) {
 	ctx := context.Background()
 
 	waitJob(t, e.w, e.w.Store(e.plans(t, "s", 0, 1, 2))) // 3 blocks stored
-	load, err := e.w.LoadBlocks(umbp.BlockLoadBatch{Keys: []string{"s-0", "s-1"}, BlockIDs: []int{4, 5}, GroupIDs: []int{0, 0}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	load := e.w.LoadBlocks([]umbp.Block{{Key: "s-0", BlockID: 4}, {Key: "s-1", BlockID: 5}})
 	waitJob(t, e.w, load)                              // 2 blocks loaded
 	waitJob(t, e.w, e.w.Load(e.plans(t, "absent", 6))) // a miss: failed
 	outside := []umbp.BlockTransferPlan{{Key: "x", Ranges: []umbp.KVRange{{BaseAddress: 0x1000, Length: 64}}}}
@@ -42,7 +39,7 @@ func TestStatsGroups(t *testing.T) {
 		t.Errorf("worker Stats = %+v; want no lookups, connected, no reconnects", got)
 	}
 
-	sched, err := rt.NewSchedulerHandle(ctx, "test", umbp.RankTopology{}, nil)
+	sched, err := rt.NewSchedulerHandle(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

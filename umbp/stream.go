@@ -14,6 +14,13 @@ import (
 // polled by the transfer until the stream has reached it or the transfer's
 // deadline has passed.
 
+// TransferOption adjusts one transfer: a store or a load.
+type TransferOption func(*transferOptions)
+
+type transferOptions struct {
+	stream *streamDep // AfterStream
+}
+
 // streamDep is an AfterStream dependency.
 type streamDep struct {
 	device int
@@ -43,16 +50,16 @@ type streamEvent struct {
 	log *slog.Logger
 }
 
-// streamBarrier records the AfterStream event, if any. The transfer calls
-// wait before it sends anything, and so before the server or a staging copy
-// touches the plans' memory (a store's source, a load's destination); the
-// job releases the event in every case.
-func (w *WorkerHandle) streamBarrier(o transferOptions) (*streamEvent, error) {
+// recordStream records the AfterStream event of o, if any. The transfer
+// calls wait before it sends anything, and so before the server or a
+// staging copy touches the plans' memory (a store's source, a load's
+// destination); the job releases the event in every case.
+func recordStream(o transferOptions, log *slog.Logger) (*streamEvent, error) {
 	if o.stream == nil {
 		return nil, nil
 	}
 	d := *o.stream
-	rt, err := loadGPU(w.log)
+	rt, err := loadGPU(log)
 	if err != nil {
 		return nil, fmt.Errorf("AfterStream: %w", err)
 	}
@@ -60,7 +67,7 @@ func (w *WorkerHandle) streamBarrier(o transferOptions) (*streamEvent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("AfterStream: create an event on device %d: %w", d.device, err)
 	}
-	e := &streamEvent{rt: rt, dep: d, ev: ev, log: w.log}
+	e := &streamEvent{rt: rt, dep: d, ev: ev, log: log}
 	if err := rt.EventRecord(d.device, ev, hip.Stream(d.stream)); err != nil {
 		e.release()
 		return nil, fmt.Errorf("AfterStream: record an event on stream %#x of device %d: %w", d.stream, d.device, err)

@@ -36,7 +36,7 @@ func BenchmarkSuiteShare(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { hb.Close() })
-	w, err := rt.NewWorkerHandle(ctx, "share", umbp.RankTopology{}, nil)
+	w, err := rt.NewWorkerHandle(ctx, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,19 +1,12 @@
 package umbp
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"math/bits"
 	"sort"
 
 	"github.com/umbp-go/umbp-go/umbp/vllmhash"
 )
-
-// ErrInvalidTokenKeyConfig is matched (with errors.Is) by every error
-// [NewTokenKeyer] returns for a bad [TokenKeyConfig]. Errors about the
-// namespace or topology match [ErrInvalidKey] or [ErrInvalidTopology] too.
-var ErrInvalidTokenKeyConfig = errors.New("umbp: invalid token key config")
 
 // KVCacheGroup is one prefix-cacheable KV cache group of a vLLM engine.
 type KVCacheGroup struct {
@@ -64,6 +57,11 @@ type TokenKeyer struct {
 // NewTokenKeyer checks the configuration and returns a keyer for it. Errors
 // match [ErrInvalidTokenKeyConfig].
 func NewTokenKeyer(cfg TokenKeyConfig) (*TokenKeyer, error) {
+	k, err := newTokenKeyer(cfg)
+	return k, invalid(err)
+}
+
+func newTokenKeyer(cfg TokenKeyConfig) (*TokenKeyer, error) {
 	bad := func(format string, args ...any) (*TokenKeyer, error) {
 		return nil, fmt.Errorf("%w: "+format, append([]any{ErrInvalidTokenKeyConfig}, args...)...)
 	}
@@ -76,7 +74,7 @@ func NewTokenKeyer(cfg TokenKeyConfig) (*TokenKeyer, error) {
 	if err := validateNamespace(cfg.Namespace); err != nil {
 		return bad("%w", err)
 	}
-	if err := cfg.Topology.Validate(); err != nil {
+	if err := cfg.Topology.validate(); err != nil {
 		return bad("%w", err)
 	}
 	k := &TokenKeyer{hasher: cfg.Hasher, groups: append([]KVCacheGroup(nil), cfg.Groups...), unit: 1}
@@ -118,7 +116,7 @@ func NewTokenKeyer(cfg TokenKeyConfig) (*TokenKeyer, error) {
 				for tp := range n.TPSize {
 					r := n
 					r.TPRank, r.PCPRank, r.DCPRank, r.PPRank = tp, pcp, dcp, pp
-					c, err := NewKeyCodec(cfg.Namespace, r)
+					c, err := newKeyCodec(cfg.Namespace, r)
 					if err != nil {
 						return bad("%w", err)
 					}
@@ -144,7 +142,8 @@ func (k *TokenKeyer) HashBlockSize() int { return k.hashBS }
 // tokens; a scheduler extends it as the request grows and turns it into
 // keys with [TokenKeyer.ChainKeys]. Errors are [vllmhash.Hasher.NewChain]'s.
 func (k *TokenKeyer) NewChain(extra vllmhash.ExtraKeys) (*vllmhash.Chain, error) {
-	return k.hasher.NewChain(k.hashBS, extra)
+	c, err := k.hasher.NewChain(k.hashBS, extra)
+	return c, invalid(err)
 }
 
 // Keys returns the keys of every full block of the tokens, for a request
@@ -164,8 +163,8 @@ func (k *TokenKeyer) Keys(tokens []int32, extra vllmhash.ExtraKeys) (*TokenKeys,
 // HashBlockSize); otherwise the error matches [ErrInvalidTokenKeyConfig].
 func (k *TokenKeyer) ChainKeys(c *vllmhash.Chain) (*TokenKeys, error) {
 	if c.Hasher() != k.hasher || c.BlockSize() != k.hashBS {
-		return nil, fmt.Errorf("%w: the chain's hasher or block size (%d) is not the keyer's (%d)",
-			ErrInvalidTokenKeyConfig, c.BlockSize(), k.hashBS)
+		return nil, invalid(fmt.Errorf("%w: the chain's hasher or block size (%d) is not the keyer's (%d)",
+			ErrInvalidTokenKeyConfig, c.BlockSize(), k.hashBS))
 	}
 	t := &TokenKeys{unit: k.unit, full: c.Len() * k.hashBS}
 	for i := range c.Len() {
@@ -216,30 +215,4 @@ func (t *TokenKeys) Tokens(held int) int {
 		}
 	}
 	return complete / t.unit * t.unit
-}
-
-// LookupTokens answers a scheduler's question "how much of this prompt
-// does the pool hold?": the number of leading tokens whose KV blocks a vLLM
-// engine with the UMBP connector stored, for every rank and every group,
-// counted in multiples of every group's block size. It asks the server
-// once, for its count of consecutive existing keys ([TokenKeyer.Keys],
-// [SchedulerHandle.LookupPrefix], [TokenKeys.Tokens]); as every lookup, a
-// failure, a stalled server or no reply within LookupTimeout answers 0. Its
-// error reports only bad input, such as a request with prompt embeddings.
-//
-// The count includes a block that ends at the prompt's last token. The
-// connector's own decision to load never does, since the engine must
-// compute at least that token: for a prompt of n tokens it loads what
-// LookupTokens reports for the first n-1 tokens. And where the engine has
-// several groups, the connector may load less than this count, as its
-// coordinator decides per group kind.
-func (h *SchedulerHandle) LookupTokens(ctx context.Context, k *TokenKeyer, tokens []int32, extra vllmhash.ExtraKeys) (int, error) {
-	keys, err := k.Keys(tokens, extra)
-	if err != nil {
-		return 0, err
-	}
-	if len(keys.Keys) == 0 {
-		return 0, nil
-	}
-	return keys.Tokens(h.LookupPrefix(ctx, keys.Keys)), nil
 }

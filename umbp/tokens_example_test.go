@@ -11,9 +11,9 @@ import (
 // a vLLM engine with the UMBP connector stores the prompt's blocks under,
 // and asks the pool for them: with a SchedulerHandle h,
 //
-//	n, err := h.LookupTokens(ctx, keyer, prompt, vllmhash.ExtraKeys{})
+//	n := h.LookupTokens(ctx, keys)
 //
-// does both in one call. Here, the keys and what a count of held keys means.
+// asks in one call. Here, the keys and what a count of held keys means.
 func ExampleTokenKeyer() {
 	// The engines run with PYTHONHASHSEED=0 and the default hash
 	// algorithm, sha256, on two TP ranks with one KV cache group.

@@ -180,11 +180,19 @@ func TestLookupTokens(t *testing.T) {
 	if len(keys.Keys) != (12+6)*ranks {
 		t.Fatalf("%d keys", len(keys.Keys))
 	}
+	// tokenKeys is the keyer's keys of tokens, which must be good input.
+	tokenKeys := func(k *umbp.TokenKeyer, tokens []int32, extra vllmhash.ExtraKeys) *umbp.TokenKeys {
+		t.Helper()
+		keys, err := k.Keys(tokens, extra)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return keys
+	}
 	lookup := func(want int) {
 		t.Helper()
-		got, err := h.LookupTokens(ctx, k, tokens, extra)
-		if err != nil || got != want {
-			t.Fatalf("LookupTokens = %d, %v; want %d", got, err, want)
+		if got := h.LookupTokens(ctx, keys); got != want {
+			t.Fatalf("LookupTokens = %d; want %d", got, want)
 		}
 	}
 	lookup(0)
@@ -206,14 +214,14 @@ func TestLookupTokens(t *testing.T) {
 
 	// The connector never loads the block ending at the last prompt token;
 	// the first n-1 tokens give its count.
-	if got, _ := h.LookupTokens(ctx, k, tokens[:192], extra); got != 192 {
+	if got := h.LookupTokens(ctx, tokenKeys(k, tokens[:192], extra)); got != 192 {
 		t.Fatalf("prompt of 192: %d", got)
 	}
-	if got, _ := h.LookupTokens(ctx, k, tokens[:191], extra); got != 160 {
+	if got := h.LookupTokens(ctx, tokenKeys(k, tokens[:191], extra)); got != 160 {
 		t.Fatalf("prompt of 192 less its last token: %d", got)
 	}
 	// Other extra keys, another seed or algorithm: other blocks.
-	if got, _ := h.LookupTokens(ctx, k, tokens, vllmhash.ExtraKeys{CacheSalt: "tenant"}); got != 0 {
+	if got := h.LookupTokens(ctx, tokenKeys(k, tokens, vllmhash.ExtraKeys{CacheSalt: "tenant"})); got != 0 {
 		t.Fatalf("without the LoRA: %d", got)
 	}
 	other, err := umbp.NewTokenKeyer(umbp.TokenKeyConfig{
@@ -225,16 +233,16 @@ func TestLookupTokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := h.LookupTokens(ctx, other, tokens, extra); got != 0 {
+	if got := h.LookupTokens(ctx, tokenKeys(other, tokens, extra)); got != 0 {
 		t.Fatalf("xxhash keyer: %d", got)
 	}
-	if _, err := h.LookupTokens(ctx, k, tokens, vllmhash.ExtraKeys{PromptEmbeds: true}); !errors.Is(err, vllmhash.ErrPromptEmbeds) {
+	if _, err := k.Keys(tokens, vllmhash.ExtraKeys{PromptEmbeds: true}); !errors.Is(err, vllmhash.ErrPromptEmbeds) {
 		t.Fatalf("prompt embeddings: %v", err)
 	}
 	// A request shorter than a block asks nothing.
 	before := srv.Calls("BatchExistsConsecutive")
-	if got, err := h.LookupTokens(ctx, k, tokens[:15], extra); got != 0 || err != nil {
-		t.Fatalf("15 tokens: %d, %v", got, err)
+	if got := h.LookupTokens(ctx, tokenKeys(k, tokens[:15], extra)); got != 0 {
+		t.Fatalf("15 tokens: %d", got)
 	}
 	if srv.Calls("BatchExistsConsecutive") != before {
 		t.Fatal("a request without a full block reached the server")
@@ -264,16 +272,16 @@ func TestLookupTokensStalledServer(t *testing.T) {
 	}
 	e.store(t, keys.Keys...)
 	ctx := context.Background()
-	if got, err := h.LookupTokens(ctx, k, tokens, vllmhash.ExtraKeys{}); got != 64 || err != nil {
-		t.Fatalf("before the stall: %d, %v", got, err)
+	if got := h.LookupTokens(ctx, keys); got != 64 {
+		t.Fatalf("before the stall: %d", got)
 	}
 	srv.Stall()
 	start := time.Now()
-	got, err := h.LookupTokens(ctx, k, tokens, vllmhash.ExtraKeys{})
+	got := h.LookupTokens(ctx, keys)
 	if el := time.Since(start); el > cfg.LookupTimeout+margin {
 		t.Fatalf("stalled LookupTokens took %v, bound %v", el, cfg.LookupTimeout)
 	}
-	if got != 0 || err != nil {
-		t.Fatalf("stalled LookupTokens = %d, %v; want a miss", got, err)
+	if got != 0 {
+		t.Fatalf("stalled LookupTokens = %d; want a miss", got)
 	}
 }

@@ -1,14 +1,9 @@
 package umbp
 
 import (
-	"errors"
 	"fmt"
 	"math/bits"
 )
-
-// ErrInvalidTopology is matched (with errors.Is) by every error that reports
-// a malformed [RankTopology].
-var ErrInvalidTopology = errors.New("umbp: invalid rank topology")
 
 // RankTopology places one engine rank in its parallel layout: tensor (TP),
 // pipeline (PP), prefill context (PCP) and decode context (DCP) parallelism.
@@ -56,7 +51,9 @@ func (t RankTopology) dims() [4]topoDim {
 // lies in [0, size) (a zero size counting as 1), and the product of the
 // sizes fits in an int. The error names the offending field and value and
 // matches [ErrInvalidTopology].
-func (t RankTopology) Validate() error {
+func (t RankTopology) Validate() error { return invalid(t.validate()) }
+
+func (t RankTopology) validate() error {
 	world := 1
 	for _, d := range t.Normalized().dims() {
 		if d.size < 0 {
@@ -104,7 +101,7 @@ func (t RankTopology) Index() int {
 func (t RankTopology) AllRanks() []RankTopology {
 	n := t.Normalized()
 	n.PPRank, n.PCPRank, n.DCPRank, n.TPRank = 0, 0, 0, 0
-	if n.Validate() != nil {
+	if n.validate() != nil {
 		return nil
 	}
 	out := make([]RankTopology, 0, n.WorldSize())

@@ -4,29 +4,62 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
+	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
+	"github.com/umbp-go/umbp-go/internal/daemonpool"
 )
 
-// TransferOption adjusts one transfer: a store or a load.
-type TransferOption func(*transferOptions)
+// jobRunner runs a worker handle's jobs, from submission to every key's
+// outcome, on the link's current connection: the transfer goroutines, the
+// transport of the current connection (made once for it), the jobs in
+// flight (jobSet) and the staging pool. It holds no handle.
+type jobRunner struct {
+	link    *link
+	regions *regionSet
+	staging *stagingPool
+	pool    *daemonpool.Pool
+	jobs    *jobSet
+	stats   *transferCounters
+	timeout time.Duration
+	address string
+	log     *slog.Logger
 
-type transferOptions struct {
-	stream *streamDep // AfterStream
+	refusals logLimiter
+	failures logLimiter
+
+	mu     sync.Mutex // orders submissions with a connection's replacement, and with close
+	tr     transport  // the current connection's
+	closed bool
 }
 
-// submit builds a job, fails what cannot run, and queues the rest. bad,
-// when not nil, holds the planning error of each plan that could not be
-// planned (nil for the others). planned says the layout planner made the
-// plans: they are valid by construction, and are not validated again.
-func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []TransferOption, bad []error, planned bool) *TransferJob {
+func newJobRunner(cfg settings, l *link, regions *regionSet, staging *stagingPool, stats *transferCounters) (*jobRunner, error) {
+	t := &jobRunner{
+		link: l, regions: regions, staging: staging, stats: stats,
+		jobs: newJobSet(stats), timeout: cfg.Timeout, address: cfg.Endpoint, log: cfg.Logger,
+	}
+	pool, err := daemonpool.New(cfg.NumWorkers, "umbp-transfer", func(err error) {
+		t.log.Error("UMBP standalone transfer goroutine panicked; its job failed", "endpoint", t.address, "err", err)
+	})
+	if err != nil {
+		return nil, err
+	}
+	t.pool = pool
+	return t, nil
+}
+
+// submit builds a job of plans, fails what cannot run, and queues the
+// rest. bad, when not nil, holds the planning error of each plan that could
+// not be planned (nil for the others). planned says the layout planner made
+// the plans: they are valid by construction, and are not validated again.
+func (t *jobRunner) submit(kind jobKind, plans []BlockTransferPlan, opts []TransferOption, bad []error, planned bool) *TransferJob {
 	var o transferOptions
 	for _, opt := range opts {
 		opt(&o)
 	}
-	job := newJob(kind, plans, w.jobs, w.address)
+	job := newJob(kind, plans, t.jobs, t.address)
 	for i, err := range bad {
 		if err != nil {
 			job.setOutcome(i, notAttempted(err))
@@ -40,21 +73,21 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 		return job
 	}
 	// Cheap refusals first, without the lock.
-	if w.isClosed() {
+	if t.isClosed() {
 		job.failRest(notAttempted(ErrClosed))
 		return job
 	}
-	if _, err := w.link.current(); err != nil {
+	if _, err := t.link.current(); err != nil {
 		job.failRest(notAttempted(err))
 		return job
 	}
-	if n := w.jobs.blocked.Load(); n > 0 {
-		w.refuseBlocked(job, n)
+	if n := t.jobs.blocked.Load(); n > 0 {
+		t.refuseBlocked(job, n)
 		return job
 	}
 	// The AfterStream event is recorded before the lock: a driver call
 	// must not hold up the handle.
-	barrier, err := w.streamBarrier(o)
+	barrier, err := recordStream(o, t.log)
 	if err != nil {
 		job.failRest(notAttempted(err))
 		return job
@@ -73,17 +106,20 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 	// The connection is read, and the job queued, under the lock: a
 	// connection being replaced then either gets this job counted among its
 	// users or is not the one it uses.
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.closed {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
 		return refuse(ErrClosed)
 	}
-	c, err := w.link.current()
+	c, err := t.link.current()
 	if err != nil {
 		return refuse(err)
 	}
-	tr := w.transport(c)
-	items, slab := w.resolvePlans(job, tr.ranged(), planned)
+	if t.tr == nil || t.tr.conn() != c {
+		t.tr = newTransport(c, t.staging)
+	}
+	tr := t.tr
+	items, slab := t.resolve(job, tr.ranged(), planned)
 	if len(items) == 0 {
 		if drop != nil {
 			drop()
@@ -91,9 +127,9 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 		return job // every plan failed already
 	}
 	job.submit(c, drop)
-	w.jobs.add(job) // before it can run, and so before it can end
-	if err := w.pool.Go(func() {
-		if w.run(job, tr, items, barrier) {
+	t.jobs.add(job) // before it can run, and so before it can end
+	if err := t.pool.Go(func() {
+		if t.run(job, tr, items, barrier) {
 			rangeSlabs.Put(slab) // no item is used any more
 		}
 	}); err != nil {
@@ -103,21 +139,23 @@ func (w *WorkerHandle) submit(kind jobKind, plans []BlockTransferPlan, opts []Tr
 }
 
 // refuseBlocked refuses a job while n transfers are blocked.
-func (w *WorkerHandle) refuseBlocked(job *TransferJob, n int64) {
+func (t *jobRunner) refuseBlocked(job *TransferJob, n int64) {
 	job.failRest(notAttempted(errBlocked))
-	if w.refusals.allow() {
-		w.log.Warn("UMBP standalone transfers are refused while timed-out transfers are still blocked in the server",
-			"endpoint", w.address, "blocked", n)
+	if t.refusals.allow() {
+		t.log.Warn("UMBP standalone transfers are refused while timed-out transfers are still blocked in the server",
+			"endpoint", t.address, "blocked", n)
 	}
 }
 
-// resolvePlans validates each plan and maps its ranges into registered
-// regions, under the regions' lock. Plans that fail get their outcome now;
-// the rest are returned. Every item's ranges lie in one slab, taken from
-// rangeSlabs.
-func (w *WorkerHandle) resolvePlans(job *TransferJob, ranged, planned bool) ([]item, []conn.Range) {
-	w.regions.mu.Lock()
-	defer w.regions.mu.Unlock()
+// resolve checks each plan, once, and maps its ranges into registered
+// regions, under the regions' lock: a plan that fails gets its outcome
+// now; the rest are returned as items, whose ranges lie in one slab taken
+// from rangeSlabs. A plan the layout planner made is valid by
+// construction; the connection sends the items as they are, without
+// checking them again.
+func (t *jobRunner) resolve(job *TransferJob, ranged, planned bool) ([]item, []conn.Range) {
+	t.regions.mu.Lock()
+	defer t.regions.mu.Unlock()
 	items := make([]item, 0, len(job.plans))
 	n := 0
 	for i := range job.plans {
@@ -147,7 +185,7 @@ func (w *WorkerHandle) resolvePlans(job *TransferJob, ranged, planned bool) ([]i
 		for k, r := range p.Ranges {
 			reg := last // a plan's ranges mostly lie in the region of the one before
 			if reg == nil || !reg.contains(r.BaseAddress, r.Length) {
-				reg = w.regions.findLocked(r.BaseAddress, r.Length)
+				reg = t.regions.findLocked(r.BaseAddress, r.Length)
 				last = reg
 			}
 			if reg == nil {
@@ -180,12 +218,12 @@ func (w *WorkerHandle) resolvePlans(job *TransferJob, ranged, planned bool) ([]i
 }
 
 // run performs the job's transfer on a transfer goroutine. Its RPCs carry
-// no deadline: the server uses the buffers until it answers. When the
-// transport fails under an RPC, the job is detached and settled only once
-// the server process is known to be gone. It reports whether it is done
-// with items (false while a detached job still holds them).
-func (w *WorkerHandle) run(job *TransferJob, tr transport, items []item, barrier *streamEvent) (done bool) {
-	deadline, ok := job.begin(w.timeout, barrier != nil)
+// no deadline: the server uses the buffers until it answers. When a request
+// is in doubt (inDoubt), the job is detached and settled only once the
+// server process is known to be gone. It reports whether it is done with
+// items (false while a detached job still holds them).
+func (t *jobRunner) run(job *TransferJob, tr transport, items []item, barrier *streamEvent) (done bool) {
+	deadline, ok := job.begin(t.timeout, barrier != nil)
 	if !ok {
 		return true // ended while queued; its drop released the barrier
 	}
@@ -207,34 +245,22 @@ func (w *WorkerHandle) run(job *TransferJob, tr transport, items []item, barrier
 		}
 	}
 	ctx := context.Background()
-	results, errs := tr.move(ctx, job.kind, items)
-	err := conn.Joined(errs)
-	if err != nil {
-		w.logFailure(job.kind.String(), err)
-		w.link.failed(err)
-	}
-	doubt := slices.ContainsFunc(errs, inDoubt)
-	var lost error // a store retry's transport failure
-	if !doubt && job.kind == kindStore {
-		lost = w.retryStores(ctx, tr, items, results, &errs, deadline)
-		if lost != nil {
-			w.logFailure(job.kind.String(), lost)
-			w.link.failed(lost)
-		}
+	r := tr.move(ctx, job.kind, items)
+	t.reportFailure(job.kind, r.failure())
+	var lost error // a store retry's request in doubt
+	if !r.inDoubt() && job.kind == kindStore {
+		lost = t.retryStores(ctx, tr, items, &r, deadline)
+		t.reportFailure(job.kind, lost)
 	}
 	// A store ends with its BatchPut's reply, without a Flush: the server
 	// has copied the bytes into its pool by then, and what it copies on to
 	// a lower tier it reads from the pool, not from the engine's memory.
 	settle := func() {
 		job.setOutcomes(len(items), func(k int) (int, error) {
-			var reqErr error
-			if errs != nil {
-				reqErr = errs[k]
-			}
-			return items[k].idx, keyError(job.kind, &items[k].obj, results[k], reqErr, lost)
+			return items[k].idx, keyError(job.kind, &items[k].obj, r.ok[k], r.err(k), lost)
 		})
 	}
-	if lost == nil && !doubt {
+	if lost == nil && !r.inDoubt() {
 		settle()
 		return true
 	}
@@ -248,8 +274,8 @@ func (w *WorkerHandle) run(job *TransferJob, tr transport, items []item, barrier
 		if err := c.WaitPeersGone(context.Background()); err != nil {
 			// Nothing can prove that server gone: the job stays running
 			// and its buffers in use, for good.
-			w.log.Error("UMBP standalone transfer lost with a server that cannot be watched; its buffers stay in use",
-				"endpoint", w.address, "kind", job.kind.String(), "keys", len(job.plans), "err", err)
+			t.log.Error("UMBP standalone transfer lost with a server that cannot be watched; its buffers stay in use",
+				"endpoint", t.address, "kind", job.kind.String(), "keys", len(job.plans), "err", err)
 			return
 		}
 		settle()
@@ -257,20 +283,24 @@ func (w *WorkerHandle) run(job *TransferJob, tr transport, items []item, barrier
 	return false
 }
 
-// inDoubt reports whether a key's request may have reached the server and
-// used its memory although no answer says what became of it: its
-// transport failed under it, or was cut off. A key failed as not attempted
-// (no staging buffer, say) sent nothing, whatever the reason says.
-func inDoubt(err error) bool {
-	return errors.Is(err, conn.ErrUnavailable) && !errors.Is(err, ErrNotAttempted)
+// reportFailure logs a transfer's failure (at most every
+// failureLogInterval) and lets the link look at its server.
+func (t *jobRunner) reportFailure(kind jobKind, err error) {
+	if err == nil {
+		return
+	}
+	if t.failures.allow() {
+		t.log.Warn("UMBP standalone transfer failed; its keys fail", "op", kind.String(), "endpoint", t.address, "err", err)
+	}
+	t.link.failed(err)
 }
 
 // errInternal fails what a transfer left without an outcome (a panic).
 var errInternal = fmt.Errorf("%w: internal error in the transfer", ErrUnavailable)
 
 // keyError is the outcome of one item: nil when ok; else the error of the
-// request that carried it, or lost (a retry whose transport failed), or a
-// miss (load) or refusal (store) when the server answered false.
+// request that carried it, or lost (a retry in doubt), or a miss (load) or
+// refusal (store) when the server answered false.
 func keyError(kind jobKind, obj *conn.Object, ok bool, reqErr, lost error) error {
 	switch {
 	case ok:
@@ -297,16 +327,15 @@ func keyError(kind jobKind, obj *conn.Object, ok bool, reqErr, lost error) error
 
 // retryStores retries each refused key on its own, after a Flush and a
 // pause (storeRetryBackoff), while the deadline allows; each retried key's
-// result and error (*errs, made on first use) become its retry's. It stops
-// at the first retry whose request is in doubt and returns that error: the
-// server may still be reading the key's memory.
-func (w *WorkerHandle) retryStores(ctx context.Context, tr transport, items []item, results []bool, errs *[]error, deadline time.Time) error {
+// answer becomes its retry's. It stops at the first retry in doubt and
+// returns that error: the server may still be reading the key's memory.
+func (t *jobRunner) retryStores(ctx context.Context, tr transport, items []item, r *results, deadline time.Time) error {
 	for _, pause := range storeRetryBackoff {
 		if time.Until(deadline) < pause { // no retry may make the job late
 			return nil
 		}
 		var failed []int
-		for k, ok := range results {
+		for k, ok := range r.ok {
 			if !ok {
 				failed = append(failed, k)
 			}
@@ -319,19 +348,50 @@ func (w *WorkerHandle) retryStores(ctx context.Context, tr transport, items []it
 		}
 		time.Sleep(pause)
 		for _, k := range failed {
-			got, gotErrs := tr.move(ctx, kindStore, items[k:k+1])
-			var e error
-			if gotErrs != nil {
-				e = gotErrs[0]
-			}
-			if e != nil || *errs != nil {
-				setErr(errs, len(items), k, e) // the key's last request's
-			}
-			results[k] = e == nil && got[0]
-			if inDoubt(e) {
-				return e
+			got := tr.move(ctx, kindStore, items[k:k+1])
+			r.set(k, got.ok[0], got.err(0))
+			if got.inDoubt() {
+				return got.err(0)
 			}
 		}
 	}
 	return nil
+}
+
+// leave takes the jobs off old, the connection being replaced, and returns
+// them: a job still queued there fails as not attempted; one already
+// running is detached: its buffers stay in use until it ends, but it holds
+// nothing up on the new server.
+func (t *jobRunner) leave(old *conn.Conn) []*TransferJob {
+	// Under t.mu: a submit that read the old connection has queued its job
+	// by now, and a later one reads the new connection.
+	t.mu.Lock()
+	on := t.jobs.on(old)
+	t.mu.Unlock()
+	for _, j := range on {
+		if !j.failQueued(errReconnecting) {
+			j.detach()
+		}
+	}
+	return on
+}
+
+func (t *jobRunner) isClosed() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.closed
+}
+
+// close refuses submissions from now on, stops the transfer goroutines
+// (queued jobs stay queued until withdrawn), and reports whether this was
+// the first close.
+func (t *jobRunner) close() bool {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return false
+	}
+	t.closed = true
+	t.mu.Unlock()
+	return true
 }

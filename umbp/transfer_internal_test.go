@@ -18,17 +18,18 @@ type scriptTransport struct {
 	moves   int
 }
 
-func (s *scriptTransport) move(_ context.Context, _ jobKind, items []item) ([]bool, []error) {
+func (s *scriptTransport) move(_ context.Context, _ jobKind, items []item) results {
 	a := s.answers[min(s.moves, len(s.answers)-1)]
 	s.moves++
-	return a(items)
+	ok, errs := a(items)
+	return results{ok: ok, errs: errs}
 }
 func (s *scriptTransport) flush(context.Context) error { return nil }
 func (s *scriptTransport) ranged() bool                { return true }
 func (s *scriptTransport) conn() *conn.Conn            { return nil }
 
-func scriptWorker() *WorkerHandle {
-	return &WorkerHandle{
+func scriptWorker() *jobRunner {
+	return &jobRunner{
 		link:    &link{kickc: make(chan struct{}, 1)},
 		log:     slog.New(slog.DiscardHandler),
 		timeout: time.Minute,
@@ -36,7 +37,7 @@ func scriptWorker() *WorkerHandle {
 	}
 }
 
-func scriptJob(w *WorkerHandle, kind jobKind, keys ...string) (*TransferJob, []item) {
+func scriptJob(w *jobRunner, kind jobKind, keys ...string) (*TransferJob, []item) {
 	plans := make([]BlockTransferPlan, len(keys))
 	items := make([]item, len(keys))
 	for i, k := range keys {
@@ -102,10 +103,10 @@ func TestStoreRetryKeepsLastError(t *testing.T) {
 		},
 		func([]item) ([]bool, []error) { return []bool{false}, []error{cut} },
 	}}
-	results, errs := tr.move(context.Background(), kindStore, items)
-	lost := w.retryStores(context.Background(), tr, items, results, &errs, time.Now().Add(time.Minute))
-	if lost != cut || errs[0] != cut || errors.Is(errs[0], ErrNotAttempted) {
-		t.Fatalf("retry lost %v, key error %v; want the retry's transport failure", lost, errs[0])
+	r := tr.move(context.Background(), kindStore, items)
+	lost := w.retryStores(context.Background(), tr, items, &r, time.Now().Add(time.Minute))
+	if lost != cut || r.err(0) != cut || errors.Is(r.err(0), ErrNotAttempted) {
+		t.Fatalf("retry lost %v, key error %v; want the retry's transport failure", lost, r.err(0))
 	}
 	job.failRest(nil)
 }

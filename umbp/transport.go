@@ -11,11 +11,9 @@ import (
 // I/O (one scatter/gather request a part) or plain segments (single-range
 // items as they are, multi-range ones through a staging buffer).
 type transport interface {
-	// move runs kind for items and returns each item's result and, when
-	// a request failed, each item's error: that of the request that carried
-	// it (nil where it was answered). The results have one entry per item,
-	// always; errs is nil when every request was answered.
-	move(ctx context.Context, kind jobKind, items []item) (ok []bool, errs []error)
+	// move runs kind for items: each item's result and, where the request
+	// that carried it failed, that request's error.
+	move(ctx context.Context, kind jobKind, items []item) results
 	// flush asks the server to finish what its tiers have pending (copies
 	// on to its SSD tier, which can hold up eviction); a refused store's
 	// retry comes after one. Where there is no lower tier it returns nil at
@@ -37,15 +35,6 @@ func newTransport(c *conn.Conn, staging *stagingPool) transport {
 	return segmentTransport{c: c, staging: staging}
 }
 
-// transport returns the transport of c, the handle's current connection,
-// made once for it. w.mu is held.
-func (w *WorkerHandle) transport(c *conn.Conn) transport {
-	if w.tr == nil || w.tr.conn() != c {
-		w.tr = newTransport(c, w.staging)
-	}
-	return w.tr
-}
-
 // rangedTransport moves items on a server with ranged I/O. Items of one
 // host range go as plain segments, in one BatchPut or BatchGet (servers copy
 // those with less work a range than ranged calls); the others with
@@ -59,23 +48,23 @@ func (t rangedTransport) conn() *conn.Conn { return t.c }
 // off, so its Flush has nothing to finish and would cost a round trip.
 func (t rangedTransport) flush(context.Context) error { return nil }
 
-func (t rangedTransport) move(ctx context.Context, kind jobKind, items []item) ([]bool, []error) {
+func (t rangedTransport) move(ctx context.Context, kind jobKind, items []item) results {
 	plain, other := splitItems(items, (*item).plain)
-	results := make([]bool, len(items))
-	var itemErrs []error
+	r := newResults(len(items))
 	if len(other) == 0 {
-		plainBatch(ctx, t.c, kind, items, plain, results, &itemErrs)
-		return results, itemErrs
+		plainBatch(ctx, t.c, kind, items, plain, &r)
+		return r
 	}
-	// The plain request, if any, runs beside the ranged parts; it is
-	// waited for whatever happens to them (a panic included), so that
-	// nothing of the job's is in flight once move returns.
+	// The plain request, if any, runs beside the ranged parts, into its
+	// own results; it is waited for whatever happens to them (a panic
+	// included), so that nothing of the job's is in flight once move
+	// returns.
 	done := make(chan struct{})
-	var plainErrs []error
+	pr := newResults(len(items))
 	if len(plain) > 0 {
 		go func() {
 			defer close(done)
-			plainBatch(ctx, t.c, kind, items, plain, results, &plainErrs)
+			plainBatch(ctx, t.c, kind, items, plain, &pr)
 		}()
 	} else {
 		close(done)
@@ -85,28 +74,17 @@ func (t rangedTransport) move(ctx context.Context, kind jobKind, items []item) (
 	for i, k := range other {
 		objs[i] = items[k].obj
 	}
-	call := t.c.BatchGetRanges
+	send := t.c.BatchGetRanges
 	if kind == kindStore {
-		call = t.c.BatchPutRanges
+		send = t.c.BatchPutRanges
 	}
-	got, gotErrs := call(ctx, objs)
+	ok, errs := send(ctx, objs)
+	r.from(other, ok, errs)
 	<-done
-	itemErrs = plainErrs
-	for i, k := range other {
-		results[k] = got[i]
-		if gotErrs != nil && gotErrs[i] != nil {
-			setErr(&itemErrs, len(items), k, gotErrs[i])
-		}
+	for _, k := range plain {
+		r.set(k, pr.ok[k], pr.err(k))
 	}
-	return results, itemErrs
-}
-
-// setErr records item k's error in *errs (of n items), made on first use.
-func setErr(errs *[]error, n, k int, err error) {
-	if *errs == nil {
-		*errs = make([]error, n)
-	}
-	(*errs)[k] = err
+	return r
 }
 
 // segmentTransport moves items on a server without ranged I/O: single-range
@@ -124,42 +102,12 @@ func (t segmentTransport) flush(ctx context.Context) error {
 	return err
 }
 
-func (t segmentTransport) move(ctx context.Context, kind jobKind, items []item) ([]bool, []error) {
-	results := make([]bool, len(items))
-	var itemErrs []error
+func (t segmentTransport) move(ctx context.Context, kind jobKind, items []item) results {
+	r := newResults(len(items))
 	single, multi := splitItems(items, func(it *item) bool { return it.single })
-	plainBatch(ctx, t.c, kind, items, single, results, &itemErrs)
+	plainBatch(ctx, t.c, kind, items, single, &r)
 	if len(multi) > 0 {
-		t.staging.move(ctx, t.c, kind, items, multi, results, &itemErrs)
+		t.staging.move(ctx, t.c, kind, items, multi, &r)
 	}
-	return results, itemErrs
-}
-
-// plainBatch moves the single-range items at indexes at in one BatchPut or
-// BatchGet (cut by the connection at the message limit), recording each
-// one's result and, where its request failed, that request's error.
-func plainBatch(ctx context.Context, c *conn.Conn, kind jobKind, items []item, at []int, results []bool, itemErrs *[]error) {
-	if len(at) == 0 {
-		return
-	}
-	keys := make([]string, len(at))
-	segs := make([]conn.Segment, len(at))
-	for i, k := range at {
-		r := items[k].obj.Ranges[0]
-		keys[i] = items[k].obj.Key
-		segs[i] = conn.Segment{RegionBase: r.RegionBase, Offset: r.Offset, Size: r.Size}
-	}
-	var got []bool
-	var errs []error
-	if kind == kindStore {
-		got, errs = c.BatchPut(ctx, keys, segs)
-	} else {
-		got, errs = c.BatchGet(ctx, keys, segs)
-	}
-	for i, k := range at {
-		results[k] = got[i]
-		if errs != nil && errs[i] != nil {
-			setErr(itemErrs, len(items), k, errs[i])
-		}
-	}
+	return r
 }

@@ -39,13 +39,13 @@ func wantUntrustedServer(t *testing.T, what string, err error, parts ...string) 
 func handlesRefused(t *testing.T, rt *umbp.StandaloneRuntime, parts ...string) {
 	t.Helper()
 	ctx := context.Background()
-	w, err := rt.NewWorkerHandle(ctx, "trust", umbp.RankTopology{}, nil)
+	w, err := rt.NewWorkerHandle(ctx, nil)
 	if err == nil {
 		_ = w.Close()
 	}
 	wantUntrustedServer(t, "NewWorkerHandle", err, parts...)
 	t.Logf("NewWorkerHandle: %v", err)
-	s, err := rt.NewSchedulerHandle(ctx, "trust", umbp.RankTopology{}, nil)
+	s, err := rt.NewSchedulerHandle(ctx)
 	if err == nil {
 		_ = s.Close()
 	}
@@ -74,7 +74,7 @@ func TestTrustRegisterBuffersKeepsFD(t *testing.T) {
 	srv := newServer(t, umbptest.Options{})
 	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
 	ctx := context.Background()
-	w, err := rt.NewWorkerHandle(ctx, "trust", umbp.RankTopology{}, nil)
+	w, err := rt.NewWorkerHandle(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

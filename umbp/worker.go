@@ -8,11 +8,10 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
-	"github.com/umbp-go/umbp-go/internal/daemonpool"
+	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
 // WorkerHandle registers an engine worker's KV memory with the server and
@@ -30,65 +29,47 @@ import (
 // A WorkerHandle is safe for concurrent use.
 type WorkerHandle struct {
 	link    *link
+	xfer    *jobRunner
+	regions *regionSet
+	staging *stagingPool
+	planner *LayoutPlanner // nil without a layout
 	address string
 	log     *slog.Logger
 	timeout time.Duration
-	planner *LayoutPlanner // nil without a layout
-	pool    *daemonpool.Pool
-	staging *stagingPool
-
-	refusals logLimiter
-	failures logLimiter
-	stats    transferCounters
-	jobs     *jobSet // submitted and not yet ended
-
-	regions *regionSet
-
-	mu     sync.Mutex // orders submissions with a connection's replacement, and with Close
-	tr     transport  // the current connection's, made once for it
-	closed bool
+	stats   transferCounters
 }
 
 // NewWorkerHandle attaches a worker handle to the server, waiting at most
 // StartupTimeout (or until ctx ends) for it to answer. layout, when not nil,
-// gives [WorkerHandle.StoreBlocks] and [WorkerHandle.LoadBlocks] their
-// per-group bases and strides.
-func (r *StandaloneRuntime) NewWorkerHandle(ctx context.Context, namespace string, topo RankTopology, layout *KVLayoutDescriptor) (*WorkerHandle, error) {
-	if err := checkHandleArgs(namespace, topo, layout); err != nil {
-		return nil, err
-	}
-	var planner *LayoutPlanner
-	if layout != nil {
-		p, err := NewLayoutPlanner(layout)
-		if err != nil {
-			return nil, err
-		}
-		planner = p
-	}
+// gives [WorkerHandle.StoreBlocks] and [WorkerHandle.LoadBlocks] the ranges
+// of each block.
+func (r *StandaloneRuntime) NewWorkerHandle(ctx context.Context, layout *KVLayoutDescriptor) (*WorkerHandle, error) {
 	w := &WorkerHandle{
 		address: r.cfg.Endpoint,
 		log:     r.cfg.Logger,
 		timeout: r.cfg.Timeout,
-		planner: planner,
 		regions: newRegionSet(),
 	}
-	pool, err := daemonpool.New(r.cfg.NumWorkers, "umbp-standalone-transfer", func(err error) {
-		w.log.Error("UMBP standalone transfer goroutine panicked; its job failed", "endpoint", w.address, "err", err)
-	})
-	if err != nil {
-		return nil, err
+	if layout != nil {
+		p, err := newLayoutPlanner(layout)
+		if err != nil {
+			return nil, invalid(err)
+		}
+		w.planner = p
 	}
-	w.pool = pool
-	w.jobs = newJobSet(&w.stats)
 	l, err := newLink(ctx, r.cfg, w.regions, w.replaced)
 	if err != nil {
-		pool.Shutdown()
-		return nil, r.attachError(err)
+		return nil, opError("attach", w.address, err)
 	}
 	w.link = l
 	w.staging = newStagingPool(w.regions, l, w.timeout)
+	if w.xfer, err = newJobRunner(r.cfg, l, w.regions, w.staging, &w.stats); err != nil {
+		l.shutdown()
+		w.release(l.conn())
+		return nil, opError("attach", w.address, err)
+	}
 	c := l.conn()
-	r.cfg.Logger.Debug("UMBP standalone worker attached", "endpoint", r.cfg.Endpoint, "client_id", c.ClientID(), "ranged_io", c.Capabilities().RangedIO)
+	w.log.Debug("UMBP standalone worker attached", "endpoint", w.address, "client_id", c.ClientID(), "ranged_io", c.Capabilities().RangedIO)
 	return w, nil
 }
 
@@ -96,7 +77,7 @@ func (r *StandaloneRuntime) NewWorkerHandle(ctx context.Context, namespace strin
 // connection's registrations are dropped (in case its server lives on) and
 // it closes, once the transfers still using it have returned.
 func (w *WorkerHandle) replaced(old *conn.Conn) {
-	on := w.leave(old)
+	on := w.xfer.leave(old)
 	go func() {
 		for _, j := range on {
 			<-j.done
@@ -115,24 +96,6 @@ func (w *WorkerHandle) replaced(old *conn.Conn) {
 	}()
 }
 
-// leave takes the handle's jobs off old and returns them: a job still
-// queued there fails as not attempted; one already running is detached:
-// its buffers stay in use until it ends, but it holds nothing up on the new
-// server.
-func (w *WorkerHandle) leave(old *conn.Conn) []*TransferJob {
-	// Under w.mu: a submit that read the old connection has queued its job
-	// by now, and a later one reads the new connection.
-	w.mu.Lock()
-	on := w.jobs.on(old)
-	w.mu.Unlock()
-	for _, j := range on {
-		if !j.failQueued(errReconnecting) {
-			j.detach()
-		}
-	}
-	return on
-}
-
 // State reports whether the handle is connected, reconnecting or closed.
 func (w *WorkerHandle) State() HandleState { return w.link.st.get() }
 
@@ -147,7 +110,7 @@ func (w *WorkerHandle) WaitForStateChange(ctx context.Context, from HandleState)
 // Stats returns a snapshot of the handle's health and counters.
 func (w *WorkerHandle) Stats() Stats {
 	s := Stats{State: w.State(), Capabilities: w.link.capabilities(), Reconnects: w.link.st.reconnects.Load(), Transfers: w.stats.snapshot()}
-	s.Transfers.Blocked = int(w.jobs.blocked.Load())
+	s.Transfers.Blocked = int(w.xfer.jobs.blocked.Load())
 	return s
 }
 
@@ -157,8 +120,9 @@ func (w *WorkerHandle) Stats() Stats {
 // others: the error joins one error per failed buffer, naming it.
 // Registration is bounded by Timeout and by ctx.
 func (w *WorkerHandle) RegisterBuffers(ctx context.Context, buffers map[string]Buffer) error {
-	if w.isClosed() {
-		return fmt.Errorf("umbp: register buffers at %s: %w", w.address, ErrClosed)
+	const op = "register buffers"
+	if w.xfer.isClosed() {
+		return opError(op, w.address, ErrClosed)
 	}
 	ctx, cancel := context.WithTimeout(ctx, w.timeout)
 	defer cancel()
@@ -178,10 +142,10 @@ func (w *WorkerHandle) RegisterBuffers(ctx context.Context, buffers map[string]B
 	case 0:
 		return nil
 	case 1:
-		return fmt.Errorf("umbp: register buffers at %s: %w", w.address, errs[0])
+		return opError(op, w.address, errs[0])
 	}
 	// One line a failed buffer.
-	return fmt.Errorf("umbp: register buffers at %s: %d of %d failed:\n%w", w.address, len(errs), len(names), errors.Join(errs...))
+	return opError(op, w.address, fmt.Errorf("%d of %d failed:\n%w", len(errs), len(names), errors.Join(errs...)))
 }
 
 func (w *WorkerHandle) registerBuffer(ctx context.Context, name string, b Buffer) error {
@@ -224,7 +188,7 @@ func (w *WorkerHandle) registerClaimed(ctx context.Context, name string, b Buffe
 		return err
 	}
 	defer w.regions.unlockReg()
-	if w.isClosed() {
+	if w.xfer.isClosed() {
 		return ErrClosed
 	}
 	c, err := w.link.current()
@@ -232,7 +196,7 @@ func (w *WorkerHandle) registerClaimed(ctx context.Context, name string, b Buffe
 		return err
 	}
 	if hb == nil {
-		return w.registerGPU(ctx, c, name, b)
+		return w.regions.addGPU(ctx, c, name, b, w.log)
 	}
 	if w.regions.addHostName(name, hb) {
 		return nil
@@ -240,12 +204,30 @@ func (w *WorkerHandle) registerClaimed(ctx context.Context, name string, b Buffe
 	return w.regions.addHost(ctx, c, hb, name)
 }
 
+// prepareStaging readies, within ctx, the staging buffer that the first
+// multi-range transfer on a server without ranged I/O would otherwise
+// make on the engine's step: sized for the layout's largest job (every
+// block of its multi-range groups).
+func (w *WorkerHandle) prepareStaging(ctx context.Context) {
+	c, err := w.link.current()
+	if err != nil || w.planner == nil {
+		return
+	}
+	var size uint64
+	for _, g := range w.planner.groups {
+		if w.planner.rangesPerBlock(g) > 1 {
+			size += w.planner.objectSize(g) * uint64(w.planner.NumBlocks(g))
+		}
+	}
+	w.staging.prepare(ctx, c, size, w.log.With("endpoint", w.address))
+}
+
 // Store stores the plans' blocks in the pool and returns at once with a
 // RUNNING job — or, while an earlier transfer is blocked or for plans that
 // are invalid or name unregistered memory, with those keys already failed.
 // The plans' source memory must stay unchanged until the job ends.
 func (w *WorkerHandle) Store(plans []BlockTransferPlan, opts ...TransferOption) *TransferJob {
-	return w.submit(kindStore, slices.Clone(plans), opts, nil, false) // the caller may reuse its slice
+	return w.xfer.submit(kindStore, slices.Clone(plans), opts, nil, false) // the caller may reuse its slice
 }
 
 // Load loads the plans' blocks from the pool into the plans' memory and
@@ -254,57 +236,43 @@ func (w *WorkerHandle) Store(plans []BlockTransferPlan, opts ...TransferOption) 
 // destination). A key the pool lacks fails (a miss); its siblings still
 // load. The destination memory must not be used until the job ends.
 func (w *WorkerHandle) Load(plans []BlockTransferPlan, opts ...TransferOption) *TransferJob {
-	return w.submit(kindLoad, slices.Clone(plans), opts, nil, false) // the caller may reuse its slice
+	return w.xfer.submit(kindLoad, slices.Clone(plans), opts, nil, false) // the caller may reuse its slice
 }
 
-// StoreBlocks is Store on the bulk path: each plan names a block (Key,
-// GroupID, BlockID) and the handle's layout supplies its ranges. A plan the
-// layout cannot plan (explicit ranges, a missing group, a block out of
-// range) fails its own key as not attempted, with the planner's error; its
-// siblings still run. The error is for the call as a whole: a handle
-// without a layout (ErrInvalidLayout).
-func (w *WorkerHandle) StoreBlocks(plans []BlockTransferPlan, opts ...TransferOption) (*TransferJob, error) {
-	if w.planner == nil {
-		return nil, errNoLayout
-	}
-	built := make([]BlockTransferPlan, len(plans))
-	var bad []error
-	for i, p := range plans {
-		var err error
-		if len(p.Ranges) > 0 {
-			err = fmt.Errorf("%w: key %q: StoreBlocks takes plans without ranges (the layout supplies them): use Store", ErrInvalidPlan, p.Key)
-		} else {
-			var bp BlockTransferPlan
-			if bp, err = w.planner.planForBlock(p.Key, p.GroupID, p.BlockID); err == nil {
-				built[i] = bp
-				continue
-			}
-		}
-		built[i] = p
-		if bad == nil {
-			bad = make([]error, len(plans))
-		}
-		bad[i] = err
-	}
-	return w.submit(kindStore, built, opts, bad, true), nil
+// StoreBlocks is Store of whole blocks: the handle's layout supplies each
+// block's ranges. A block the layout cannot plan (a missing group, a block
+// out of range, an empty key) fails its own key as not attempted, with the
+// planner's error; its siblings still run. On a handle made without a
+// layout every key fails so (ErrInvalidLayout).
+func (w *WorkerHandle) StoreBlocks(blocks []Block, opts ...TransferOption) *TransferJob {
+	plans, bad := w.planBlocks(blocks)
+	return w.xfer.submit(kindStore, plans, opts, bad, true)
 }
 
-// LoadBlocks is Load on the bulk path, for a columnar batch, under the same
-// rules as StoreBlocks and with the same options. A batch that fails
-// [BlockLoadBatch.Validate] (columns of different lengths, an empty key, a
-// negative ID) is refused as a whole (ErrInvalidPlan).
-func (w *WorkerHandle) LoadBlocks(batch BlockLoadBatch, opts ...TransferOption) (*TransferJob, error) {
-	if w.planner == nil {
-		return nil, errNoLayout
-	}
-	if err := batch.Validate(); err != nil {
-		return nil, err
-	}
-	plans, bad := batch.planRows(w.planner)
-	return w.submit(kindLoad, plans, opts, bad, true), nil
+// LoadBlocks is Load of whole blocks, under the same rules as StoreBlocks
+// and with the same options.
+func (w *WorkerHandle) LoadBlocks(blocks []Block, opts ...TransferOption) *TransferJob {
+	plans, bad := w.planBlocks(blocks)
+	return w.xfer.submit(kindLoad, plans, opts, bad, true)
 }
 
-// errNoLayout refuses the bulk path on a handle created without a layout.
+// planBlocks plans blocks with the handle's layout; without one, every
+// block is bad.
+func (w *WorkerHandle) planBlocks(blocks []Block) ([]BlockTransferPlan, []error) {
+	if w.planner != nil {
+		return w.planner.planBlocks(blocks)
+	}
+	plans := make([]BlockTransferPlan, len(blocks))
+	bad := make([]error, len(blocks))
+	for i, b := range blocks {
+		plans[i] = BlockTransferPlan{Key: b.Key, GroupID: b.GroupID, BlockID: b.BlockID}
+		bad[i] = errNoLayout
+	}
+	return plans, bad
+}
+
+// errNoLayout fails the blocks of the block-wise calls on a handle made
+// without a layout.
 var errNoLayout = fmt.Errorf("%w: the worker handle has no layout: pass one to NewWorkerHandle, or use Store and Load", ErrInvalidLayout)
 
 // Poll reports whether the job has ended. While another transfer is
@@ -314,7 +282,7 @@ func (w *WorkerHandle) Poll(job *TransferJob) bool {
 	if job == nil || job.ended() {
 		return true
 	}
-	return w.jobs.blocked.Load() > 0 && job.failQueued(errQueuedBehind)
+	return w.xfer.jobs.blocked.Load() > 0 && job.failQueued(errQueuedBehind)
 }
 
 // Wait waits for the job to end, at most until the running job's deadline
@@ -361,16 +329,88 @@ func (w *WorkerHandle) Publish(job *TransferJob) error {
 	case JobCompleted:
 		return nil
 	case JobRunning:
-		return fmt.Errorf("umbp: cannot publish a store to %s that is still running: %w", w.address, ErrBuffersInUse)
+		return opError("publish", w.address, fmt.Errorf("the store is still running: %w", ErrBuffersInUse))
 	default:
-		return fmt.Errorf("%w (so it cannot be published)", job.Err())
+		return job.Err()
 	}
 }
 
-func (w *WorkerHandle) isClosed() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.closed
+// ReportExternalKv tells the pool's master, through the server, that this
+// engine holds the blocks hashes on tier, so that routers find them
+// (MatchExternalKv). A server in distributed mode forwards the report under
+// Config.NodeID, the identity it registers with the master when this
+// handle registers memory (before that, MORI's server refuses: ErrRefused);
+// a local one accepts and forgets it, as MORI's does. Requests carry at
+// most 4096 hashes each (the master's batch limit); the call is bounded by
+// ctx and Timeout, and its error says why the report did not land:
+// unreachable (ErrUnavailable), refused (ErrRefused), no reply in time
+// (context.DeadlineExceeded).
+func (w *WorkerHandle) ReportExternalKv(ctx context.Context, tier Tier, hashes []string) error {
+	return w.externalKv(ctx, "report external KV", tier, func(ctx context.Context, c *conn.Conn) (bool, error) {
+		return c.ReportExternalKvBlocks(ctx, hashes, umbppb.TierType(tier))
+	})
+}
+
+// RevokeExternalKv withdraws blocks reported on tier: the engine evicted
+// them. Bounded and reported as ReportExternalKv.
+func (w *WorkerHandle) RevokeExternalKv(ctx context.Context, tier Tier, hashes []string) error {
+	return w.externalKv(ctx, "revoke external KV", tier, func(ctx context.Context, c *conn.Conn) (bool, error) {
+		return c.RevokeExternalKvBlocks(ctx, hashes, umbppb.TierType(tier))
+	})
+}
+
+// RevokeAllExternalKv withdraws every block this engine reported on tier.
+func (w *WorkerHandle) RevokeAllExternalKv(ctx context.Context, tier Tier) error {
+	return w.externalKv(ctx, "revoke all external KV", tier, func(ctx context.Context, c *conn.Conn) (bool, error) {
+		return c.RevokeAllExternalKvBlocksAtTier(ctx, umbppb.TierType(tier))
+	})
+}
+
+func (w *WorkerHandle) externalKv(ctx context.Context, op string, tier Tier, fn func(context.Context, *conn.Conn) (bool, error)) error {
+	if err := tier.check(); err != nil {
+		return opError(op, w.address, err)
+	}
+	ok, err := withConn(ctx, w, fn)
+	if err == nil && !ok {
+		err = fmt.Errorf("%w: the server answered that it did not", ErrRefused)
+	}
+	return opError(op, w.address, err)
+}
+
+// MatchExternalKv asks, through the server, which nodes hold hashes in the
+// external KV index, without counting hits: one request of at most 4096
+// hashes, bounded by ctx and Timeout. A local server finds nothing.
+func (w *WorkerHandle) MatchExternalKv(ctx context.Context, hashes []string) ([]NodeBlocks, error) {
+	out, err := withConn(ctx, w, func(ctx context.Context, c *conn.Conn) ([]NodeBlocks, error) {
+		nm, err := standaloneSource{c: c, l: w.link}.match(ctx, hashes)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]NodeBlocks, len(nm))
+		for i, m := range nm {
+			out[i] = nodeBlocksOf(m)
+		}
+		return out, nil
+	})
+	return out, opError("match external KV", w.address, err)
+}
+
+// withConn runs fn on the current connection, bounded by ctx and Timeout;
+// a transport failure makes the link look at its server.
+func withConn[T any](ctx context.Context, w *WorkerHandle, fn func(context.Context, *conn.Conn) (T, error)) (T, error) {
+	var zero T
+	if w.xfer.isClosed() {
+		return zero, ErrClosed
+	}
+	c, err := w.link.current()
+	if err != nil {
+		return zero, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, w.timeout)
+	defer cancel()
+	v, err := fn(ctx, c)
+	w.link.failed(err)
+	return v, err
 }
 
 // Close releases the handle without ever hanging: it returns within about
@@ -388,13 +428,9 @@ func (w *WorkerHandle) isClosed() bool {
 // return. A failed deregistration is logged, not returned: the server may be
 // gone.
 func (w *WorkerHandle) Close() error {
-	w.mu.Lock()
-	if w.closed {
-		w.mu.Unlock()
+	if !w.xfer.close() {
 		return nil
 	}
-	w.closed = true
-	w.mu.Unlock()
 	w.link.shutdown()
 	// A registration under way finishes (within Timeout) before the regions
 	// are taken; later ones see the handle closed.
@@ -403,8 +439,8 @@ func (w *WorkerHandle) Close() error {
 		w.regions.unlockReg() // every later holder sees the handle closed
 	}
 	regCancel()
-	w.pool.Shutdown()
-	jobs := w.jobs.on(nil)
+	w.xfer.pool.Shutdown()
+	jobs := w.xfer.jobs.on(nil)
 	c := w.link.conn()
 
 	now := time.Now()
@@ -466,8 +502,7 @@ func (w *WorkerHandle) Close() error {
 		}()
 		return err
 	}
-	regions := w.regions.take()
-	for _, r := range regions {
+	for _, r := range w.regions.take() {
 		if r.host != nil {
 			r.host.release()
 		}
@@ -505,7 +540,7 @@ func (w *WorkerHandle) abandon(reason string) ([]*memRegion, error) {
 	}
 	w.log.Warn("UMBP standalone worker closed with transfers in flight; its buffers must not be freed until they end",
 		"endpoint", w.address, "reason", reason, "buffers", names)
-	return regions, fmt.Errorf("umbp: close the worker handle of %s: %w: %s; buffers kept registered until it ends: %s", w.address, ErrBuffersAbandoned, reason, strings.Join(names, ", "))
+	return regions, opError("close", w.address, fmt.Errorf("%w: %s; buffers kept registered until it ends: %s", ErrBuffersAbandoned, reason, strings.Join(names, ", ")))
 }
 
 // reclaim gives back abandoned regions once nothing of the server's uses
@@ -522,12 +557,6 @@ func (w *WorkerHandle) reclaim(regions []*memRegion) {
 	}
 	w.staging.close()
 	w.log.Info("UMBP standalone worker's abandoned buffers are free again", "endpoint", w.address, "buffers", names)
-}
-
-func (w *WorkerHandle) logFailure(op string, err error) {
-	if w.failures.allow() {
-		w.log.Warn("UMBP standalone transfer failed; its keys fail", "op", op, "endpoint", w.address, "err", err)
-	}
 }
 
 func later(a, b time.Time) time.Time {

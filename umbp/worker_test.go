@@ -57,10 +57,11 @@ func roundTrip(t *testing.T, opts umbptest.Options, layers int) {
 
 	// The bulk paths give the same bytes.
 	b2 := newEngine(t, rt, layers, blocks, blockBytes)
-	lj, err := b2.w.LoadBlocks(umbp.BlockLoadBatch{Keys: job.Keys(), BlockIDs: ids(8), GroupIDs: make([]int, 8)})
-	if err != nil {
-		t.Fatalf("LoadBlocks refused a plannable batch: %v", err)
+	bs := make([]umbp.Block, 8)
+	for i, k := range job.Keys() {
+		bs[i] = umbp.Block{Key: k, BlockID: i}
 	}
+	lj := b2.w.LoadBlocks(bs)
 	waitJob(t, b2.w, lj)
 	if lj.Status() != umbp.JobCompleted {
 		t.Fatalf("LoadBlocks: %s %q", lj.Status(), lj.Err())
@@ -82,30 +83,25 @@ func TestStoreBlocksBulkPath(t *testing.T) {
 	a := newEngine(t, rt, 4, 8, 128)
 	plans := a.plans(t, "bulk", 0, 1, 2)
 	a.fill(plans, 3)
-	bare := make([]umbp.BlockTransferPlan, len(plans))
+	bare := make([]umbp.Block, len(plans))
 	for i, p := range plans {
-		bare[i] = umbp.BlockTransferPlan{Key: p.Key, BlockID: p.BlockID}
+		bare[i] = umbp.Block{Key: p.Key, BlockID: p.BlockID}
 	}
-	job, err := a.w.StoreBlocks(bare)
-	if err != nil {
-		t.Fatalf("StoreBlocks refused: %v", err)
-	}
+	job := a.w.StoreBlocks(bare)
 	waitJob(t, a.w, job)
 	if job.Status() != umbp.JobCompleted {
 		t.Fatalf("%s %v", job.Status(), job.Err())
 	}
-	// Plans the layout cannot plan fail their own keys, with the planner's
-	// error, as not attempted; their siblings still run.
-	mixed := []umbp.BlockTransferPlan{
+	// Blocks the layout cannot plan fail their own keys, with the
+	// planner's error, as not attempted; their siblings still run.
+	mixed := []umbp.Block{
 		{Key: "b-ok", BlockID: 4},
-		plans[0], // explicit ranges
+		{Key: "", BlockID: 5},
 		{Key: "b-out", BlockID: 99},
 		{Key: "b-group", GroupID: 7},
+		{Key: "b-neg", BlockID: -1},
 	}
-	job, err = a.w.StoreBlocks(mixed)
-	if err != nil {
-		t.Fatalf("StoreBlocks of a mixed batch: %v", err)
-	}
+	job = a.w.StoreBlocks(mixed)
 	waitJob(t, a.w, job)
 	if got := fmt.Sprint(job.CompletedKeys()); got != "[b-ok]" {
 		t.Fatalf("completed %s (%v)", got, job.Err())
@@ -115,20 +111,21 @@ func TestStoreBlocksBulkPath(t *testing.T) {
 			t.Errorf("key %d: %v, want ErrNotAttempted and ErrInvalidPlan", i, err)
 		}
 	}
-	if _, err := a.w.LoadBlocks(umbp.BlockLoadBatch{Keys: []string{"a"}, BlockIDs: []int{0}}); !errors.Is(err, umbp.ErrInvalidPlan) {
-		t.Fatalf("LoadBlocks of unequal columns: %v, want ErrInvalidPlan", err)
-	}
-	// Without a layout the bulk path refuses the call.
-	w, err := rt.NewWorkerHandle(t.Context(), "no-layout", umbp.RankTopology{}, nil)
+	// Without a layout every block fails as not attempted, and nothing
+	// reaches the server.
+	w, err := rt.NewWorkerHandle(t.Context(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	if j, err := w.StoreBlocks(bare); j != nil || !errors.Is(err, umbp.ErrInvalidLayout) {
-		t.Fatalf("StoreBlocks without a layout: %v, %v; want nil, ErrInvalidLayout", j, err)
+	puts, gets := srv.Calls("BatchPutRanges")+srv.Calls("BatchPut"), srv.Calls("BatchGetRanges")+srv.Calls("BatchGet")
+	for _, j := range []*umbp.TransferJob{w.StoreBlocks(bare), w.LoadBlocks(bare)} {
+		if j.Status() != umbp.JobFailed || !errors.Is(j.Err(), umbp.ErrInvalidLayout) || !errors.Is(j.KeyErr(0), umbp.ErrNotAttempted) {
+			t.Fatalf("a block-wise call without a layout: %s %v; want every key failed, not attempted, ErrInvalidLayout", j.Status(), j.Err())
+		}
 	}
-	if j, err := w.LoadBlocks(umbp.BlockLoadBatch{Keys: []string{"a"}, BlockIDs: []int{0}, GroupIDs: []int{0}}); j != nil || !errors.Is(err, umbp.ErrInvalidLayout) {
-		t.Fatalf("LoadBlocks without a layout: %v, %v; want nil, ErrInvalidLayout", j, err)
+	if p, g := srv.Calls("BatchPutRanges")+srv.Calls("BatchPut"), srv.Calls("BatchGetRanges")+srv.Calls("BatchGet"); p != puts || g != gets {
+		t.Fatal("a block-wise call without a layout reached the server")
 	}
 }
 
@@ -189,7 +186,7 @@ func TestBadPlansFailOnlyThemselves(t *testing.T) {
 func TestRegisterBuffers(t *testing.T) {
 	srv := newServer(t, umbptest.Options{})
 	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
-	w, err := rt.NewWorkerHandle(context.Background(), "t", umbp.RankTopology{}, nil)
+	w, err := rt.NewWorkerHandle(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,7 +349,7 @@ func TestCloseWithStalledStoreAbandons(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := rt.NewWorkerHandle(context.Background(), "t", umbp.RankTopology{}, nil)
+	w, err := rt.NewWorkerHandle(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -204,7 +204,7 @@ func benchWith(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntime
 	var tag [4]byte
 	_, _ = rand.Read(tag[:])
 	ns := "umbp-bench-" + hex.EncodeToString(tag[:])
-	w, err := rt.NewWorkerHandle(ctx, ns, umbp.RankTopology{}, nil)
+	w, err := rt.NewWorkerHandle(ctx, nil)
 	if err != nil {
 		src.Close()
 		dst.Close()
@@ -222,7 +222,7 @@ func benchWith(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntime
 	if err := w.RegisterBuffers(ctx, map[string]umbp.Buffer{"src": src.Buffer(), "dst": dst.Buffer()}); err != nil {
 		return nil, err
 	}
-	sched, err := rt.NewSchedulerHandle(ctx, ns, umbp.RankTopology{}, nil)
+	sched, err := rt.NewSchedulerHandle(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -5,8 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"time"
-
-	"github.com/umbp-go/umbp-go/umbp"
 )
 
 func clearFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string) error {
@@ -23,7 +21,7 @@ func clearFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string
 		if err != nil {
 			return err
 		}
-		h, err := rt.NewSchedulerHandle(ctx, "umbp-clear", umbp.RankTopology{}, nil)
+		h, err := rt.NewSchedulerHandle(ctx)
 		if err != nil {
 			return err
 		}

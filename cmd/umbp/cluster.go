@@ -111,7 +111,7 @@ Run 'umbp cluster SUBCOMMAND -h' for its flags.
 		if sub == "lookup" {
 			return clusterLookup(ctx, e, c, h, before, cf.timeout, items, keys, *asJSON)
 		}
-		req := umbp.ScoreRequest{Hashes: items, Weights: w}
+		req := umbp.ScoreRequest{BlockHashes: items, Weights: w}
 		if sub == "score" {
 			if *nodes == "" {
 				return fmt.Errorf("%w: -nodes is required", errUsage)
@@ -194,7 +194,7 @@ func (cf *clusterCommon) handle(ctx context.Context, log *slog.Logger) (*umbp.Sc
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
-	return rt.NewSchedulerHandle(ctx, "umbp-cluster", umbp.RankTopology{}, nil)
+	return rt.NewSchedulerHandle(ctx)
 }
 
 type clusterLookupAnswer struct {

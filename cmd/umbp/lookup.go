@@ -85,7 +85,7 @@ func checkKeys(keys []string, raw bool) error {
 
 // scheduler attaches a scheduler handle, as an engine's scheduler would.
 func scheduler(ctx context.Context, rt *umbp.StandaloneRuntime) (*umbp.SchedulerHandle, error) {
-	return rt.NewSchedulerHandle(ctx, "umbp-lookup", umbp.RankTopology{}, nil)
+	return rt.NewSchedulerHandle(ctx)
 }
 
 // closeScheduler closes h; a handle left open (a lookup the server never

@@ -61,7 +61,7 @@ func store(t *testing.T, endpoint string, keys ...string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := rt.NewWorkerHandle(ctx, "test", umbp.RankTopology{}, nil)
+	w, err := rt.NewWorkerHandle(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

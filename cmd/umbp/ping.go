@@ -67,7 +67,7 @@ func pingFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string)
 // for ready), times count more pings and, with fd, registers a page of
 // host memory.
 func ping(ctx context.Context, c *common, rt *umbp.StandaloneRuntime, count int, fd bool) (*pingResult, error) {
-	h, err := rt.NewSchedulerHandle(ctx, "umbp-ping", umbp.RankTopology{}, nil)
+	h, err := rt.NewSchedulerHandle(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -127,7 +127,7 @@ func registerPage(ctx context.Context, rt *umbp.StandaloneRuntime) (err error) {
 	if err != nil {
 		return err
 	}
-	w, err := rt.NewWorkerHandle(ctx, "umbp-ping", umbp.RankTopology{}, nil)
+	w, err := rt.NewWorkerHandle(ctx, nil)
 	if err != nil {
 		buf.Close()
 		return err

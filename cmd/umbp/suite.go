@@ -51,12 +51,12 @@ type suiteLine struct {
 func suite(ctx context.Context, rt *umbp.StandaloneRuntime, sc suiteConfig, out func(suiteLine)) error {
 	scale := uint64(max(sc.scale, 1))
 	half := uint64(256<<20) / scale
-	sched, err := rt.NewSchedulerHandle(ctx, "bench", umbp.RankTopology{}, nil)
+	sched, err := rt.NewSchedulerHandle(ctx)
 	if err != nil {
 		return err
 	}
 	defer sched.Close()
-	w, err := rt.NewWorkerHandle(ctx, "bench", umbp.RankTopology{}, nil)
+	w, err := rt.NewWorkerHandle(ctx, nil)
 	if err != nil {
 		return err
 	}

@@ -37,7 +37,7 @@ func Example() {
 		panic(err)
 	}
 	ctx := context.Background()
-	sched, err := rt.NewSchedulerHandle(ctx, "demo", umbp.RankTopology{}, nil)
+	sched, err := rt.NewSchedulerHandle(ctx)
 	if err != nil {
 		panic(err)
 	}

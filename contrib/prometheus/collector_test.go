@@ -31,7 +31,7 @@ func handles(t *testing.T) (*umbp.WorkerHandle, *umbp.SchedulerHandle) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := rt.NewWorkerHandle(ctx, "prom", umbp.RankTopology{}, nil)
+	w, err := rt.NewWorkerHandle(ctx, nil)
 	if err != nil {
 		buf.Close()
 		t.Fatal(err)
@@ -50,7 +50,7 @@ func handles(t *testing.T) (*umbp.WorkerHandle, *umbp.SchedulerHandle) {
 	if err := w.Wait(ctx, w.Store(plans)); err != nil {
 		t.Fatal(err)
 	}
-	s, err := rt.NewSchedulerHandle(ctx, "prom", umbp.RankTopology{}, nil)
+	s, err := rt.NewSchedulerHandle(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

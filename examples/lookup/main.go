@@ -54,7 +54,7 @@ func run(endpoint string, timeout time.Duration, keys []string, log *slog.Logger
 	if err != nil {
 		return err
 	}
-	sched, err := rt.NewSchedulerHandle(ctx, "demo", umbp.RankTopology{}, nil)
+	sched, err := rt.NewSchedulerHandle(ctx)
 	if err != nil {
 		return err
 	}
@@ -84,7 +84,7 @@ func seed(ctx context.Context, endpoint string, log *slog.Logger) ([]string, err
 	if err != nil {
 		return nil, err
 	}
-	w, err := rt.NewWorkerHandle(ctx, "demo", umbp.RankTopology{}, nil)
+	w, err := rt.NewWorkerHandle(ctx, nil)
 	if err != nil {
 		buf.Close()
 		return nil, err

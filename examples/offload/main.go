@@ -101,7 +101,7 @@ func run(endpoint string, blocks, layers, blockBytes int, lookupTO, timeout time
 		return err
 	}
 	defer b.close()
-	sched, err := rt.NewSchedulerHandle(ctx, "offload-demo", topo, nil)
+	sched, err := rt.NewSchedulerHandle(ctx)
 	if err != nil {
 		return err
 	}
@@ -121,15 +121,12 @@ func run(endpoint string, blocks, layers, blockBytes int, lookupTO, timeout time
 		keys[i] = codec.Key(0, h[:16])
 	}
 	objectBytes := float64(blocks * layers * blockBytes)
-	plans := make([]umbp.BlockTransferPlan, blocks)
+	plans := make([]umbp.Block, blocks)
 	for i := range plans {
-		plans[i] = umbp.BlockTransferPlan{Key: keys[i], BlockID: i}
+		plans[i] = umbp.Block{Key: keys[i], BlockID: i}
 	}
 	start := time.Now()
-	job, err := a.w.StoreBlocks(plans)
-	if err != nil {
-		return err
-	}
+	job := a.w.StoreBlocks(plans)
 	if err := a.w.Wait(ctx, job); err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
@@ -149,15 +146,12 @@ func run(endpoint string, blocks, layers, blockBytes int, lookupTO, timeout time
 	}
 
 	// Engine B loads them into its own memory, in reverse block order.
-	batch := umbp.BlockLoadBatch{Keys: keys, BlockIDs: make([]int, blocks), GroupIDs: make([]int, blocks)}
-	for i := range batch.BlockIDs {
-		batch.BlockIDs[i] = blocks - 1 - i
+	batch := make([]umbp.Block, blocks)
+	for i := range batch {
+		batch[i] = umbp.Block{Key: keys[i], BlockID: blocks - 1 - i}
 	}
 	start = time.Now()
-	lj, err := b.w.LoadBlocks(batch)
-	if err != nil {
-		return err
-	}
+	lj := b.w.LoadBlocks(batch)
 	if err := b.w.Wait(ctx, lj); err != nil {
 		return fmt.Errorf("load: %w", err)
 	}
@@ -188,16 +182,10 @@ func run(endpoint string, blocks, layers, blockBytes int, lookupTO, timeout time
 	t0 = time.Now()
 	got = sched.Lookup(ctx, keys)
 	fmt.Printf("  the next lookup answered %d hits in %v, without asking the server\n", count(got), time.Since(t0).Round(time.Microsecond))
-	stuck, err := a.w.StoreBlocks([]umbp.BlockTransferPlan{plans[0]})
-	if err != nil {
-		return err
-	}
+	stuck := a.w.StoreBlocks(plans[:1])
 	err = a.w.Wait(ctx, stuck)
 	fmt.Printf("  a store outlived its %v deadline: Wait says %q; the job is still %s\n", timeout, errText(err), stuck.Status())
-	refused, err := a.w.LoadBlocks(batch)
-	if err != nil {
-		return err
-	}
+	refused := a.w.LoadBlocks(batch)
 	err = a.w.Wait(ctx, refused)
 	fmt.Printf("  engine A's next transfer fails at once, not attempted (%v): %s\n", errors.Is(err, umbp.ErrNotAttempted), refused.KeyErr(0))
 
@@ -218,10 +206,7 @@ func run(endpoint string, blocks, layers, blockBytes int, lookupTO, timeout time
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	lj2, err := b.w.LoadBlocks(batch)
-	if err != nil {
-		return err
-	}
+	lj2 := b.w.LoadBlocks(batch)
 	if err := b.w.Wait(ctx, lj2); err != nil {
 		return fmt.Errorf("load after resume: %w", err)
 	}
@@ -236,7 +221,7 @@ func run(endpoint string, blocks, layers, blockBytes int, lookupTO, timeout time
 // restartAct kills the server and starts a new one at the same path: the
 // same handles notice, wait, re-register their memory and resume.
 func restartAct(ctx context.Context, srv *umbptest.Server, a, b *engine, sched *umbp.SchedulerHandle,
-	plans []umbp.BlockTransferPlan, batch umbp.BlockLoadBatch, blocks, layers, blockBytes int) error {
+	plans, batch []umbp.Block, blocks, layers, blockBytes int) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	handles := []interface {
@@ -261,11 +246,8 @@ func restartAct(ctx context.Context, srv *umbptest.Server, a, b *engine, sched *
 	t0 := time.Now()
 	got := sched.Lookup(ctx, plansKeys(plans))
 	fmt.Printf("  lookup answered %d hits in %v, without asking the server\n", count(got), time.Since(t0).Round(time.Microsecond))
-	refused, err := a.w.StoreBlocks(plans)
-	if err != nil {
-		return err
-	}
-	err = a.w.Wait(ctx, refused)
+	refused := a.w.StoreBlocks(plans)
+	err := a.w.Wait(ctx, refused)
 	fmt.Printf("  a store fails at once, not attempted (%v): %v\n", errors.Is(err, umbp.ErrNotAttempted), refused.KeyErr(0))
 
 	fmt.Println("the new server is ready:")
@@ -278,17 +260,11 @@ func restartAct(ctx context.Context, srv *umbptest.Server, a, b *engine, sched *
 	fmt.Printf("  WaitForStateChange: %s (memory registered again; Stats().Reconnects = %d)\n", states(), a.w.Stats().Reconnects)
 	fmt.Printf("  lookup: %d of %d blocks (the new pool is empty: misses, never stale bytes)\n", count(sched.Lookup(ctx, plansKeys(plans))), blocks)
 	clear(b.buf.Bytes())
-	job, err := a.w.StoreBlocks(plans)
-	if err != nil {
-		return err
-	}
+	job := a.w.StoreBlocks(plans)
 	if err := a.w.Wait(ctx, job); err != nil {
 		return fmt.Errorf("store after restart: %w", err)
 	}
-	lj, err := b.w.LoadBlocks(batch)
-	if err != nil {
-		return err
-	}
+	lj := b.w.LoadBlocks(batch)
 	if err := b.w.Wait(ctx, lj); err != nil {
 		return fmt.Errorf("load after restart: %w", err)
 	}
@@ -299,7 +275,7 @@ func restartAct(ctx context.Context, srv *umbptest.Server, a, b *engine, sched *
 	return nil
 }
 
-func plansKeys(plans []umbp.BlockTransferPlan) []string {
+func plansKeys(plans []umbp.Block) []string {
 	keys := make([]string, len(plans))
 	for i, p := range plans {
 		keys[i] = p.Key
@@ -333,7 +309,7 @@ func newEngine(ctx context.Context, rt *umbp.StandaloneRuntime, name string, blo
 			Stride:      uint64(blockBytes),
 		})
 	}
-	w, err := rt.NewWorkerHandle(ctx, "offload-demo", umbp.RankTopology{}, layout)
+	w, err := rt.NewWorkerHandle(ctx, layout)
 	if err != nil {
 		_ = buf.Close()
 		return nil, fmt.Errorf("engine %s: %w", name, err)

@@ -102,7 +102,7 @@ func run(master string, out io.Writer, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	h, err := rt.NewSchedulerHandle(ctx, "router-demo", umbp.RankTopology{}, nil)
+	h, err := rt.NewSchedulerHandle(ctx)
 	if err != nil {
 		return err
 	}
@@ -114,13 +114,17 @@ func run(master string, out io.Writer, log *slog.Logger) error {
 	weights := umbp.TierWeights{HBM: 1, DRAM: 0.8, SSD: 0.5}
 	next := 0 // round robin for prompts nobody holds
 	for p, prompt := range prompts {
-		s, err := h.ScoreTokens(ctx, keyer, prompt, vllmhash.ExtraKeys{}, candidates, weights)
+		keys, err := keyer.Keys(prompt, vllmhash.ExtraKeys{})
+		if err != nil {
+			return err
+		}
+		s, err := h.Score(ctx, umbp.ScoreRequest{Candidates: candidates, Prompt: keys, Weights: weights})
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "prompt %d (%d tokens):", p, len(prompt))
-		for i, n := range s.Nodes {
-			fmt.Fprintf(out, " %s %d tokens (hbm %d dram %d ssd %d blocks) score %.1f;", n.Node, s.Tokens[i], n.HBM, n.DRAM, n.SSD, n.Score)
+		for _, n := range s.Nodes {
+			fmt.Fprintf(out, " %s %d tokens (hbm %d dram %d ssd %d blocks) score %.1f;", n.Node, n.Tokens, n.HBM, n.DRAM, n.SSD, n.Score)
 		}
 		fmt.Fprintln(out)
 		switch {
@@ -132,7 +136,7 @@ func run(master string, out io.Writer, log *slog.Logger) error {
 			next++
 		default:
 			b := s.Nodes[s.Best]
-			fmt.Fprintf(out, "  -> %s at %s: reuses %d of %d tokens\n", b.Node, b.PeerAddress, s.Tokens[s.Best], len(prompt))
+			fmt.Fprintf(out, "  -> %s at %s: reuses %d of %d tokens\n", b.Node, b.PeerAddress, b.Tokens, len(prompt))
 		}
 	}
 	return nil

@@ -34,7 +34,7 @@ func ExampleServer_Stall() {
 	if err != nil {
 		panic(err)
 	}
-	w, err := rt.NewWorkerHandle(ctx, "demo", umbp.RankTopology{}, nil)
+	w, err := rt.NewWorkerHandle(ctx, nil)
 	if err != nil {
 		panic(err)
 	}
@@ -52,7 +52,7 @@ func ExampleServer_Stall() {
 	if err := w.Wait(ctx, w.Store(plan("a"))); err != nil {
 		panic(err)
 	}
-	sched, err := rt.NewSchedulerHandle(ctx, "demo", umbp.RankTopology{}, nil)
+	sched, err := rt.NewSchedulerHandle(ctx)
 	if err != nil {
 		panic(err)
 	}
@@ -68,7 +68,7 @@ func ExampleServer_Stall() {
 	srv.Resume()
 	<-store.Done()
 	fmt.Println("after Resume the store ended", store.Status())
-	fresh, err := rt.NewSchedulerHandle(ctx, "demo", umbp.RankTopology{}, nil)
+	fresh, err := rt.NewSchedulerHandle(ctx)
 	if err != nil {
 		panic(err)
 	}

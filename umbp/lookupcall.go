@@ -1,0 +1,197 @@
+package umbp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/umbp-go/umbp-go/internal/daemonpool"
+	"github.com/umbp-go/umbp-go/internal/encoded"
+	"github.com/umbp-go/umbp-go/internal/masterconn"
+)
+
+// A scheduler handle's calls run on a detached goroutine, one per
+// connection, and the caller waits for each at most LookupTimeout: a call
+// that overran stays in flight and holds later calls off (they fail at
+// once) until it returns, so a stalled server costs one goroutine, never a
+// queue of them, and never a caller's time.
+
+// lookupBackend is what a scheduler handle asks: a standalone server
+// through its link (standaloneBackend), or MORI's master (masterBackend).
+type lookupBackend interface {
+	// encode encodes a lookup's keys (none empty) for this backend, on
+	// the caller's goroutine: a key that is not UTF-8 is an error.
+	encode(keys []string) (encoded.Keys, error)
+	// session returns what a call asks now, or the error to answer at
+	// once (reconnecting, closed).
+	session() (lookupSource, error)
+	// states is the handle's state, which the backend moves.
+	states() *connState
+	capabilities() ServerCapabilities
+	// close stops the backend and closes its connection within timeout.
+	// stuck, when not nil, is done once a call that overran returns: a
+	// connection whose close would wait for that call is closed after it,
+	// and close says it was left open.
+	close(stuck <-chan struct{}, timeout time.Duration) error
+}
+
+// lookupSource is one connection's answers to what a scheduler asks. Its
+// methods report a transport failure to whatever reconnects.
+type lookupSource interface {
+	// exists and prefix send keys their backend's encode encoded; they
+	// free what they do not send.
+	exists(ctx context.Context, keys encoded.Keys) ([]bool, error)
+	prefix(ctx context.Context, keys encoded.Keys) (int, error)
+	// match asks the external KV index which nodes hold hashes.
+	match(ctx context.Context, hashes []string) ([]masterconn.NodeMatch, error)
+	clear(ctx context.Context) (bool, error)
+	ping(ctx context.Context) (ServerCapabilities, error)
+}
+
+var (
+	// errUnanswered refuses a call while an earlier one that overran its
+	// deadline has not returned: the server is stalled, asking again would
+	// only queue behind it.
+	errUnanswered = errors.New("an earlier call to the server has not returned")
+	// errNoReply is the error of a call that overran its deadline.
+	errNoReply = errors.New("no reply")
+)
+
+// caller runs calls to a backend's current connection on one detached
+// goroutine, bounded by timeout.
+type caller struct {
+	backend lookupBackend
+	timeout time.Duration
+
+	mu sync.Mutex
+	// calls runs the calls to the current connection; a new connection
+	// gets a new pool, so that no call queues behind one stuck on the old.
+	calls      *daemonpool.Pool
+	unanswered <-chan struct{} // the Done channel of a call that overran
+	closed     bool
+}
+
+func newCaller(b lookupBackend, timeout time.Duration) (*caller, error) {
+	p, err := newLookupPool()
+	if err != nil {
+		return nil, err
+	}
+	return &caller{backend: b, timeout: timeout, calls: p}, nil
+}
+
+// newLookupPool is the one detached goroutine that the calls to one
+// connection run on.
+func newLookupPool() (*daemonpool.Pool, error) {
+	return daemonpool.New(1, "umbp-lookup", nil)
+}
+
+// call runs fn on c's detached goroutine and waits for it at most c's
+// timeout or until ctx ends; what names the call in its errors.
+func call[T any](ctx context.Context, c *caller, what string, fn func(context.Context, lookupSource) (T, error)) (T, error) {
+	var zero T
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return zero, ErrClosed
+	}
+	// Read under c.mu: a replaced connection swaps the pool under c.mu
+	// after swapping the connection, so a call never runs on a new pool
+	// against an old connection.
+	src, err := c.backend.session()
+	if err != nil {
+		c.mu.Unlock()
+		return zero, err
+	}
+	if c.unanswered != nil {
+		select {
+		case <-c.unanswered:
+			c.unanswered = nil
+		default:
+			c.mu.Unlock()
+			return zero, errUnanswered
+		}
+	}
+	pool := c.calls
+	// The RPC itself carries no deadline: a deadline costs a timer on
+	// both sides of every call (measured: about a third of a 1024-key
+	// lookup), and a call that overran is waited out rather than repeated
+	// anyway.
+	f, err := daemonpool.Submit(pool, func() (T, error) { return fn(context.Background(), src) })
+	c.mu.Unlock()
+	if err != nil {
+		return zero, err
+	}
+	timer := time.NewTimer(c.timeout)
+	defer timer.Stop()
+	select {
+	case <-f.Done():
+		return f.Result()
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	select {
+	case <-f.Done(): // answered just in time
+		return f.Result()
+	default:
+	}
+	if !f.Cancel() { // a call that never started holds nothing up
+		c.mu.Lock()
+		// A call on a pool replaced meanwhile holds up nothing: its
+		// connection is closed.
+		if c.calls == pool && (c.unanswered == nil || isDone(c.unanswered)) {
+			c.unanswered = f.Done()
+		}
+		c.mu.Unlock()
+	}
+	if err := ctx.Err(); err != nil {
+		return zero, fmt.Errorf("%s: %w", what, err)
+	}
+	return zero, fmt.Errorf("%s: %w within %v: %w", what, errNoReply, c.timeout, context.DeadlineExceeded)
+}
+
+// reset gives the calls to a new connection a new goroutine: a call stuck
+// on the old one holds nothing up (the old connection is closed, which
+// ends it).
+func (c *caller) reset() {
+	pool, err := newLookupPool()
+	c.mu.Lock()
+	old := c.calls
+	if c.closed || err != nil {
+		c.mu.Unlock()
+		return // close shuts the pool down
+	}
+	c.calls, c.unanswered = pool, nil
+	c.mu.Unlock()
+	old.Shutdown()
+}
+
+// close refuses calls from now on and returns the Done channel of a call
+// that overran and has not returned (nil when there is none), and whether
+// this was the first close.
+func (c *caller) close() (stuck <-chan struct{}, first bool) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, false
+	}
+	c.closed = true
+	calls := c.calls
+	stuck = c.unanswered
+	c.mu.Unlock()
+	calls.Shutdown()
+	if stuck != nil && isDone(stuck) {
+		stuck = nil
+	}
+	return stuck, true
+}
+
+func isDone(done <-chan struct{}) bool {
+	select {
+	case <-done:
+		return true
+	default:
+		return false
+	}
+}
