@@ -64,7 +64,22 @@ const (
 
 // The master's channel (and each replica's) is redialled by gRPC, paced by
 // masterRedial: a master that came back is used again within about its Max.
+// One connection attempt may take masterConnectTimeout (gRPC's own
+// default): a master that accepts TCP but does not speak is given up on
+// after it, and the call waiting for it ends at its own deadline first.
 var masterRedial = backoff.Policy{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond, Factor: 1.6, Jitter: 0.2}
+
+const masterConnectTimeout = 20 * time.Second
+
+// quarantineMax bounds the keys a handle keeps in quarantine; past it,
+// new keys are not quarantined until old ones expire.
+const quarantineMax = 1 << 20
+
+// Score's bounds: a request for more is refused before anything is sent.
+const (
+	maxScoreBlocks     = 1 << 16
+	maxScoreCandidates = 4096
+)
 
 // failureLogInterval is how often a handle repeats a failure warning.
 const failureLogInterval = 30 * time.Second

@@ -5,10 +5,6 @@ import (
 	"time"
 )
 
-// quarantineMax bounds the keys a handle keeps in quarantine; past it,
-// new keys are not quarantined until old ones expire.
-const quarantineMax = 1 << 20
-
 // quarantine holds keys whose load failed: until their time is up they
 // answer as misses, so that a scheduler does not schedule a load the pool
 // just failed (vLLM's load_failure_quarantine_ms). A nil quarantine holds

@@ -77,6 +77,7 @@ func (r *ClusterRuntime) NewSchedulerHandle(ctx context.Context) (*SchedulerHand
 		MaxNodes:       r.cfg.MaxNodes,
 		StatsHandler:   r.cfg.StatsHandler,
 		Redial:         masterRedial,
+		ConnectTimeout: masterConnectTimeout,
 	})
 	if err != nil {
 		return fail(err)

@@ -69,12 +69,6 @@ type TierWeights struct {
 	HBM, DRAM, SSD float64
 }
 
-// Score's bounds: a request for more is refused before anything is sent.
-const (
-	maxScoreBlocks     = 1 << 16
-	maxScoreCandidates = 4096
-)
-
 // ScoreRequest is one request's question to a router: which of these nodes
 // holds the most of its leading blocks? The blocks are given either as
 // BlockHashes (and PoolKeys), or as a Prompt.

@@ -3,11 +3,8 @@ package conn
 import (
 	"context"
 	"encoding/binary"
-	"fmt"
-	"math"
 	"slices"
 	"sync"
-	"unicode/utf8"
 
 	"github.com/umbp-go/umbp-go/internal/rpc"
 
@@ -49,6 +46,10 @@ type Object struct {
 // beyond the message limit is several requests, so the server's
 // all-or-nothing rule applies per request, and a key repeated across two of
 // them keeps the first value rather than the later one.
+//
+// Entries are sent as they are: the caller checked them (umbp's plans, and
+// the segments it makes itself): keys not empty and UTF-8, segments of a
+// registered region, not empty and within the address space.
 func (c *Conn) BatchPut(ctx context.Context, keys []string, segs []Segment) (ok []bool, errs []error) {
 	return c.batchData(ctx, "BatchPut", keys, segs, c.raw.BatchPut)
 }
@@ -70,13 +71,7 @@ func (c *Conn) batchData(ctx context.Context, op string, keys []string, segs []S
 	}
 	fixed := fixedCost(len(c.clientID), 3)
 	bound := fixed // a request far below the limit is one span
-	for i, k := range keys {
-		if err := checkKey(op, i, k); err != nil {
-			return make([]bool, n), failAll(n, err)
-		}
-		if err := checkSegment(op, i, segs[i]); err != nil {
-			return make([]bool, n), failAll(n, err)
-		}
+	for _, k := range keys {
 		bound += rpc.BytesField(len(k)) + 3*binary.MaxVarintLen64
 	}
 	if n == 0 {
@@ -123,6 +118,8 @@ func (c *Conn) batchData(ctx context.Context, op string, keys []string, segs []S
 // one part while the next is encoded, sent and prepared; parts are
 // independent requests, so a batch that names one new key twice may have it
 // stored once. A v1 server answers with an error wrapping ErrUnimplemented.
+// Objects are sent as they are, checked by the caller as BatchPut's
+// entries are: each with at least one range, none empty or overflowing.
 func (c *Conn) BatchPutRanges(ctx context.Context, objs []Object) (ok []bool, errs []error) {
 	return c.batchRanges(ctx, "BatchPutRanges", objs, true)
 }
@@ -140,10 +137,7 @@ func (c *Conn) batchRanges(ctx context.Context, op string, objs []Object, put bo
 		return make([]bool, n), failAll(n, err)
 	}
 	total := 0
-	for i, o := range objs {
-		if err := checkObject(op, i, o, put); err != nil {
-			return make([]bool, n), failAll(n, err)
-		}
+	for _, o := range objs {
 		total += len(o.Ranges)
 	}
 	if n == 0 {
@@ -247,62 +241,6 @@ func recycleRanged(req *umbppb.BatchRangeDataRequest) {
 	clear(req.Keys[:cap(req.Keys)])
 	req.Keys = req.Keys[:0]
 	rangedRequests.Put(req)
-}
-
-// checkKey refuses an empty key and one that is not UTF-8 (a proto3 string
-// must be).
-func checkKey(op string, i int, key string) error {
-	if key == "" {
-		return rpc.Invalid(op, "key %d is empty", i)
-	}
-	if !utf8.ValidString(key) {
-		return rpc.Invalid(op, "key %d (%q) is not valid UTF-8", i, key)
-	}
-	return nil
-}
-
-func checkSegment(op string, i int, s Segment) error {
-	if p := segmentProblem(s.RegionBase, s.Offset, s.Size); p != "" {
-		return rpc.Invalid(op, "entry %d: %s", i, p)
-	}
-	return nil
-}
-
-// segmentProblem says what is wrong with memory named as (base, offset,
-// size), or "" when nothing is.
-func segmentProblem(base, offset, size uint64) string {
-	switch {
-	case size == 0:
-		return "size is 0"
-	case base == 0:
-		return "region base is 0"
-	case offset > math.MaxUint64-size, base > math.MaxUint64-(offset+size):
-		return fmt.Sprintf("offset %d + size %d overflows region %#x", offset, size, base)
-	}
-	return ""
-}
-
-func checkObject(op string, i int, o Object, put bool) error {
-	if err := checkKey(op, i, o.Key); err != nil {
-		return err
-	}
-	switch {
-	case len(o.Ranges) == 0:
-		return rpc.Invalid(op, "object %d (%q) has no ranges", i, o.Key)
-	case uint64(len(o.Ranges)) > math.MaxUint32:
-		return rpc.Invalid(op, "object %d (%q) has %d ranges", i, o.Key, len(o.Ranges))
-	case put && o.Size == 0:
-		return rpc.Invalid(op, "object %d (%q): object size is 0", i, o.Key)
-	}
-	for j, r := range o.Ranges {
-		if p := segmentProblem(r.RegionBase, r.Offset, r.Size); p != "" {
-			return rpc.Invalid(op, "object %d (%q) range %d: %s", i, o.Key, j, p)
-		}
-		if r.ObjectOffset > math.MaxUint64-r.Size {
-			return rpc.Invalid(op, "object %d (%q) range %d: object offset %d + size %d overflows", i, o.Key, j, r.ObjectOffset, r.Size)
-		}
-	}
-	return nil
 }
 
 // boolReply turns a BoolResponse into (ok, nil), (false, nil) for a plain

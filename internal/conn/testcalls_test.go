@@ -6,6 +6,9 @@ package conn
 
 import (
 	"context"
+	"fmt"
+	"math"
+	"unicode/utf8"
 
 	"github.com/umbp-go/umbp-go/internal/rpc"
 
@@ -186,4 +189,60 @@ func (c *Conn) GetExternalKvHitCounts(ctx context.Context, hashes []string) ([]H
 		}
 	}
 	return out, nil
+}
+
+// checkKey refuses an empty key and one that is not UTF-8 (a proto3 string
+// must be).
+func checkKey(op string, i int, key string) error {
+	if key == "" {
+		return rpc.Invalid(op, "key %d is empty", i)
+	}
+	if !utf8.ValidString(key) {
+		return rpc.Invalid(op, "key %d (%q) is not valid UTF-8", i, key)
+	}
+	return nil
+}
+
+func checkSegment(op string, i int, s Segment) error {
+	if p := segmentProblem(s.RegionBase, s.Offset, s.Size); p != "" {
+		return rpc.Invalid(op, "entry %d: %s", i, p)
+	}
+	return nil
+}
+
+// segmentProblem says what is wrong with memory named as (base, offset,
+// size), or "" when nothing is.
+func segmentProblem(base, offset, size uint64) string {
+	switch {
+	case size == 0:
+		return "size is 0"
+	case base == 0:
+		return "region base is 0"
+	case offset > math.MaxUint64-size, base > math.MaxUint64-(offset+size):
+		return fmt.Sprintf("offset %d + size %d overflows region %#x", offset, size, base)
+	}
+	return ""
+}
+
+func checkObject(op string, i int, o Object, put bool) error {
+	if err := checkKey(op, i, o.Key); err != nil {
+		return err
+	}
+	switch {
+	case len(o.Ranges) == 0:
+		return rpc.Invalid(op, "object %d (%q) has no ranges", i, o.Key)
+	case uint64(len(o.Ranges)) > math.MaxUint32:
+		return rpc.Invalid(op, "object %d (%q) has %d ranges", i, o.Key, len(o.Ranges))
+	case put && o.Size == 0:
+		return rpc.Invalid(op, "object %d (%q): object size is 0", i, o.Key)
+	}
+	for j, r := range o.Ranges {
+		if p := segmentProblem(r.RegionBase, r.Offset, r.Size); p != "" {
+			return rpc.Invalid(op, "object %d (%q) range %d: %s", i, o.Key, j, p)
+		}
+		if r.ObjectOffset > math.MaxUint64-r.Size {
+			return rpc.Invalid(op, "object %d (%q) range %d: object offset %d + size %d overflows", i, o.Key, j, r.ObjectOffset, r.Size)
+		}
+	}
+	return nil
 }

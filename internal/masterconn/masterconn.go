@@ -55,8 +55,10 @@ type Options struct {
 	MaxNodes      int
 	StatsHandler  stats.Handler
 	// Redial paces gRPC's redials of a lost master: a master that came
-	// back is used again within about Redial.Max.
-	Redial backoff.Policy
+	// back is used again within about Redial.Max. ConnectTimeout bounds
+	// one connection attempt (0: gRPC's default).
+	Redial         backoff.Policy
+	ConnectTimeout time.Duration
 }
 
 // Conn is a channel to the master. gRPC redials it on its own.
@@ -95,11 +97,6 @@ func isLoopback(host string) bool {
 	return err == nil && ip.IsLoopback()
 }
 
-// minConnectTimeout is how long one connection attempt may take (gRPC's
-// own default): a master that accepts TCP but does not speak is given up on
-// after it, and the call waiting for it ends at its own deadline first.
-const minConnectTimeout = 20 * time.Second
-
 // New makes a channel to the master; it does no I/O.
 func New(opts Options) (*Conn, error) {
 	if err := CheckAddress(opts.Address, opts.Creds == nil, opts.AllowPlaintext); err != nil {
@@ -108,6 +105,10 @@ func New(opts Options) (*Conn, error) {
 	creds := opts.Creds
 	if creds == nil {
 		creds = insecure.NewCredentials()
+	}
+	connect := opts.ConnectTimeout
+	if connect <= 0 {
+		connect = 20 * time.Second // gRPC's own default
 	}
 	maxReply := opts.MaxReplyBytes
 	if maxReply <= 0 {
@@ -119,7 +120,7 @@ func New(opts Options) (*Conn, error) {
 		// Never idle: a lost connection is redialled at once, not at the
 		// next call, so that State says when the master is back.
 		grpc.WithIdleTimeout(0),
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: opts.Redial.GRPC(), MinConnectTimeout: minConnectTimeout}),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: opts.Redial.GRPC(), MinConnectTimeout: connect}),
 	}
 	if opts.StatsHandler != nil {
 		dopts = append(dopts, grpc.WithStatsHandler(opts.StatsHandler))
