@@ -35,6 +35,21 @@ func TestErrorsSayItOnce(t *testing.T) {
 		if n := strings.Count(text, path); n != 1 {
 			t.Errorf("%s names the endpoint %d times: %s", what, n, text)
 		}
+		for _, cause := range []string{"context deadline exceeded", "context canceled"} {
+			if n := strings.Count(text, cause); n > 1 {
+				t.Errorf("%s says %q %d times: %s", what, cause, n, text)
+			}
+		}
+	}
+	// checkErr is check for an error a function returned: an *OpError that
+	// names the server.
+	checkErr := func(t *testing.T, what string, err error, endpoint string) {
+		t.Helper()
+		check(t, what, err.Error(), endpoint)
+		var oe *umbp.OpError
+		if !errors.As(err, &oe) || oe.Addr != endpoint || oe.Op == "" {
+			t.Errorf("%s: %#v is not an *OpError naming the operation and %s", what, err, endpoint)
+		}
 	}
 	ctx := context.Background()
 
@@ -47,7 +62,7 @@ func TestErrorsSayItOnce(t *testing.T) {
 		if err == nil {
 			t.Fatal("attached to no server")
 		}
-		check(t, "attach", err.Error(), ep)
+		checkErr(t, "attach", err, ep)
 	})
 
 	t.Run("stalled", func(t *testing.T) {
@@ -73,7 +88,7 @@ func TestErrorsSayItOnce(t *testing.T) {
 		if err := sched.Clear(ctx); err == nil {
 			t.Fatal("Clear of a stalled server succeeded")
 		} else {
-			check(t, "clear", err.Error(), srv.Endpoint())
+			checkErr(t, "clear", err, srv.Endpoint())
 		}
 		buf, err := umbp.NewHostBuffer(4096)
 		if err != nil {
@@ -86,12 +101,12 @@ func TestErrorsSayItOnce(t *testing.T) {
 		if err == nil {
 			t.Fatal("registration with a stalled server succeeded")
 		}
-		check(t, "register", err.Error(), srv.Endpoint())
+		checkErr(t, "register", err, srv.Endpoint())
 		err = e.w.Wait(ctx, e.w.Store(e.plans(t, "k", 0, 1)))
 		if !errors.Is(err, umbp.ErrBuffersInUse) {
 			t.Fatalf("a store to a stalled server: %v, want ErrBuffersInUse", err)
 		}
-		check(t, "store", err.Error(), srv.Endpoint())
+		checkErr(t, "store", err, srv.Endpoint())
 		srv.Resume()
 	})
 
@@ -114,11 +129,11 @@ func TestErrorsSayItOnce(t *testing.T) {
 		if err == nil {
 			t.Fatal("a store to a killed server succeeded")
 		}
-		check(t, "store", err.Error(), srv.Endpoint())
+		checkErr(t, "store", err, srv.Endpoint())
 		if err := sched.Clear(ctx); err == nil {
 			t.Fatal("Clear of a killed server succeeded")
 		} else {
-			check(t, "clear", err.Error(), srv.Endpoint())
+			checkErr(t, "clear", err, srv.Endpoint())
 		}
 		// The handles' warnings while they try to reattach, up to the
 		// first failed attempt.
