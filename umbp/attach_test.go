@@ -2,6 +2,7 @@ package umbp_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -175,5 +177,25 @@ func TestClusterMasterRedialledAtOurPace(t *testing.T) {
 	}
 	if d := time.Since(start); d > 1500*time.Millisecond {
 		t.Errorf("the master was used again %v after it came back, want within about a second", d)
+	}
+}
+
+// Attempts that fail give back what they took: a handle waiting for a
+// stopped server process connects again and again, and each connection's
+// socket and pidfd are closed when its attempt fails.
+func TestFailedAttachLeaksNothing(t *testing.T) {
+	ep := filepath.Join(shortDir(t), "n.grpc.sock")
+	srv := startServerProcess(t, ep)
+	before := countFDs(t)
+	srv.signal(syscall.SIGSTOP) // accepts connections, answers nothing
+	defer srv.signal(syscall.SIGCONT)
+	cfg := testConfig(t, ep)
+	cfg.StartupTimeout = 1500 * time.Millisecond
+	_, err := newRuntime(t, cfg).NewSchedulerHandle(context.Background())
+	if !errors.Is(err, umbp.ErrUnavailable) || !strings.Contains(err.Error(), "never answered") {
+		t.Fatalf("attach to a stopped server: %v", err)
+	}
+	if after := countFDs(t); after.pidfds > before.pidfds || after.sockets > before.sockets {
+		t.Fatalf("after a failed attach: %d pidfds and %d sockets open, %d and %d before", after.pidfds, after.sockets, before.pidfds, before.sockets)
 	}
 }

@@ -42,7 +42,33 @@ const (
 	// soakReattachWithin bounds how long a handle may take to attach to a
 	// restarted server: a failed attempt backs off at most a second.
 	soakReattachWithin = 5 * time.Second
+	// soakSettleWithin bounds how long the descriptors of a server that
+	// went away may stay open once every handle is on its successor.
+	soakSettleWithin = 10 * time.Second
 )
+
+// fdCounts are this process's open pidfds and sockets.
+type fdCounts struct{ pidfds, sockets int }
+
+func countFDs(t *testing.T) fdCounts {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c fdCounts
+	for _, e := range ents {
+		target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
+		switch {
+		case err != nil: // closed since it was listed
+		case target == "anon_inode:[pidfd]":
+			c.pidfds++
+		case strings.HasPrefix(target, "socket:"):
+			c.sockets++
+		}
+	}
+	return c
+}
 
 // soakLayer is one region of an engine's layout.
 type soakLayer struct {
@@ -663,6 +689,11 @@ func TestSoak(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = sched.Close() })
+	// The descriptors the handles hold for their servers: one connection
+	// each, with its pidfd. Every fault must give back what it took once
+	// it has settled: a handle beside a server that restarts for weeks
+	// must not run out.
+	fds0 := countFDs(t)
 
 	var sampler soakSampler
 	samplerStop := make(chan struct{})
@@ -707,7 +738,8 @@ func TestSoak(t *testing.T) {
 		names = append(names, e.name)
 	}
 	faults := map[string]int{}
-	var slowestReattach time.Duration
+	var slowestReattach, slowestSettle time.Duration
+	peakFDs := 0
 	frng := rand.New(rand.NewPCG(seed, 0xfa17))
 	pause := func(lo, hi int) {
 		time.Sleep(time.Duration(lo+frng.IntN(hi-lo+1)) * time.Millisecond)
@@ -739,6 +771,22 @@ func TestSoak(t *testing.T) {
 			}
 		}
 		slowestReattach = max(slowestReattach, time.Since(started))
+		// Once every handle is on the new server, what the old one held
+		// is given back: its connections close once the transfers that
+		// used them end (the old process is gone, so they do soon).
+		var fds fdCounts
+		for settle := time.Now(); ; time.Sleep(20 * time.Millisecond) {
+			if fds = countFDs(t); fds.pidfds <= fds0.pidfds && fds.sockets <= fds0.sockets {
+				slowestSettle = max(slowestSettle, time.Since(settle))
+				break
+			}
+			if time.Since(settle) > soakSettleWithin {
+				s.fail("restart %d: %d pidfds and %d sockets still open %v after every handle reattached; %d and %d before the faults",
+					faults["restart"], fds.pidfds, fds.sockets, soakSettleWithin, fds0.pidfds, fds0.sockets)
+				break
+			}
+		}
+		peakFDs = max(peakFDs, fds.pidfds+fds.sockets)
 	}
 	begin := time.Now()
 	for time.Since(begin) < dur {
@@ -825,6 +873,8 @@ func TestSoak(t *testing.T) {
 		s.ops["call/LookupPrefix"], s.ops["prefix/nonzero"], s.ops["call/Clear"], s.ops["clear/true"], s.ops["engine/no free block"])
 	t.Logf("soak faults: %d stalls (SIGSTOP 100-800ms), %d kills (SIGKILL), %d restarts (incl. the final one); restarts a handle did not notice: %d; slowest reattach of all handles %v",
 		faults["stall"], faults["kill"], faults["restart"], faults["missed restart"], slowestReattach.Round(time.Millisecond))
+	t.Logf("soak descriptors: %d pidfds and %d sockets before the faults; after each restart settled, back to them within %v at worst (most seen then: %d)",
+		fds0.pidfds, fds0.sockets, slowestSettle.Round(time.Millisecond), peakFDs)
 	t.Logf("soak byte mismatches: %d keys (%d bytes) of %d loaded keys checked byte for byte", s.mismatches, s.badBytes, s.verified)
 	kinds := make([]string, 0, len(s.bounds))
 	for n := range s.bounds {
