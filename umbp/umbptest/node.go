@@ -93,7 +93,7 @@ type NodeOptions struct {
 //
 // Every call is bounded by its context and waits, within it, for the
 // node's connection to its master; a master that comes back is redialled
-// within 100 ms. Its methods are safe for concurrent use.
+// within about 100 ms. Its methods are safe for concurrent use.
 type Node struct {
 	id, master string
 	peer       string
