@@ -6,9 +6,11 @@
 // decision.
 //
 // With no -master it starts the test master in-process; either way it first
-// registers three demo nodes, each holding a different prefix of the demo
-// prompts, as a node's standalone server in distributed mode would report
-// them (here through the master's own API, since such a server needs RDMA):
+// places three demo nodes in the master, each holding a different prefix of
+// the demo prompts, as a node's standalone server in distributed mode would
+// report them (here with umbptest.Node, which speaks the master's own API as
+// MORI's nodes do, since such a server needs RDMA). The nodes heartbeat until
+// the program ends, so the master never expires them, and leave it then:
 //
 //	go run ./examples/router
 //	go run ./examples/router -master 127.0.0.1:50551   # MORI's umbp_master on loopback
@@ -23,10 +25,6 @@ import (
 	"os"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
-	"github.com/umbp-go/umbp-go/proto/umbppb"
 	"github.com/umbp-go/umbp-go/umbp"
 	"github.com/umbp-go/umbp-go/umbp/umbptest"
 	"github.com/umbp-go/umbp-go/umbp/vllmhash"
@@ -52,20 +50,20 @@ const (
 // blocks, and on which tier.
 type demoNode struct {
 	id     string
-	tier   umbppb.TierType
+	tier   umbptest.Tier
 	blocks []int // per prompt
 }
 
 var demoNodes = []demoNode{
-	{"node-a", umbppb.TierType_TIER_HBM, []int{16, 4, 0, 0}},
-	{"node-b", umbppb.TierType_TIER_DRAM, []int{8, 12, 0, 0}},
-	{"node-c", umbppb.TierType_TIER_SSD, []int{0, 16, 10, 0}},
+	{"node-a", umbptest.TierHBM, []int{16, 4, 0, 0}},
+	{"node-b", umbptest.TierDRAM, []int{8, 12, 0, 0}},
+	{"node-c", umbptest.TierSSD, []int{0, 16, 10, 0}},
 }
 
 func run(master string, out io.Writer, log *slog.Logger) error {
 	ctx := context.Background()
 	if master == "" {
-		m, err := umbptest.StartMaster(umbptest.MasterOptions{ReaperInterval: -1})
+		m, err := umbptest.StartMaster(umbptest.MasterOptions{})
 		if err != nil {
 			return err
 		}
@@ -91,10 +89,15 @@ func run(master string, out io.Writer, log *slog.Logger) error {
 			prompts[p][i] = int32(1000*p + i)
 		}
 	}
-	if err := registerDemoNodes(ctx, master, keyer, prompts); err != nil {
+	nodes, err := startDemoNodes(ctx, master, keyer, prompts)
+	if err != nil {
 		return err
 	}
-	defer unregisterDemoNodes(master)
+	defer func() {
+		for _, n := range nodes {
+			_ = n.Close() // leaves the pool
+		}
+	}()
 
 	// The router: one scheduler handle on the master. Every call is
 	// bounded by LookupTimeout; a stalled master answers "nothing held".
@@ -142,46 +145,36 @@ func run(master string, out io.Writer, log *slog.Logger) error {
 	return nil
 }
 
-// registerDemoNodes joins the demo nodes to the master and reports their
-// blocks, as their servers would.
-func registerDemoNodes(ctx context.Context, master string, keyer *umbp.TokenKeyer, prompts [][]int32) error {
-	cc, err := grpc.NewClient("passthrough:///"+master, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return err
-	}
-	defer cc.Close()
-	c := umbppb.NewUMBPMasterClient(cc)
+// startDemoNodes places the demo nodes in the master, each reporting its
+// blocks as its server would.
+func startDemoNodes(ctx context.Context, master string, keyer *umbp.TokenKeyer, prompts [][]int32) (nodes []*umbptest.Node, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	for _, n := range demoNodes {
-		if _, err := c.RegisterClient(ctx, &umbppb.RegisterClientRequest{NodeId: n.id, PeerAddress: n.id + ".local:7000"}, grpc.WaitForReady(true)); err != nil {
-			return fmt.Errorf("register %s: %w", n.id, err)
+	defer func() {
+		if err != nil {
+			for _, n := range nodes {
+				_ = n.Close()
+			}
 		}
+	}()
+	for _, d := range demoNodes {
 		var hashes []string
-		for p, blocks := range n.blocks {
+		for p, blocks := range d.blocks {
 			keys, err := keyer.Keys(prompts[p], vllmhash.ExtraKeys{})
 			if err != nil {
-				return err
+				return nodes, err
 			}
 			hashes = append(hashes, keys.Keys[:blocks]...)
 		}
-		if _, err := c.ReportExternalKvBlocks(ctx, &umbppb.ReportExternalKvBlocksRequest{NodeId: n.id, Hashes: hashes, Tier: n.tier}); err != nil {
-			return fmt.Errorf("report %s: %w", n.id, err)
+		n, err := umbptest.StartNode(ctx, master, umbptest.NodeOptions{
+			ID:          d.id,
+			PeerAddress: d.id + ".local:7000",
+			External:    map[umbptest.Tier][]string{d.tier: hashes},
+		})
+		if err != nil {
+			return nodes, err
 		}
+		nodes = append(nodes, n)
 	}
-	return nil
-}
-
-func unregisterDemoNodes(master string) {
-	cc, err := grpc.NewClient("passthrough:///"+master, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return
-	}
-	defer cc.Close()
-	c := umbppb.NewUMBPMasterClient(cc)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	for _, n := range demoNodes {
-		_, _ = c.UnregisterClient(ctx, &umbppb.UnregisterClientRequest{NodeId: n.id})
-	}
+	return nodes, nil
 }

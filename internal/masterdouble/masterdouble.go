@@ -39,6 +39,10 @@ type Options struct {
 	// Now is the clock (default time.Now): liveness, staleness and hit
 	// ages are measured with it.
 	Now func() time.Time
+	// StoreTimeout is how long a call waits for a stopped store before it
+	// fails (default 1s: the socket timeout of MORI's RESP client); it is
+	// measured on the real clock, whatever Now is.
+	StoreTimeout time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -56,6 +60,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.StoreTimeout <= 0 {
+		o.StoreTimeout = time.Second
 	}
 	return o
 }
@@ -123,7 +130,12 @@ type Service struct {
 	nodeKeys map[string]map[string]struct{} // node -> its keys in blocks
 	ext      map[string]map[string][]umbppb.TierType
 	hits     map[string]*hit
-	expired  chan struct{} // closed and replaced when Reap expires a node
+	expired  chan struct{} // closed and replaced when Reap expires a node, and by Wipe
+
+	omu     sync.Mutex
+	outage  Outage
+	changed chan struct{} // closed and replaced when the outage changes
+	onWait  func(string)  // tests: called when a call starts to wait: "store" (stopped) or "expiry" (WaitExpired)
 }
 
 var _ umbppb.UMBPMasterServer = (*Service)(nil)
@@ -138,6 +150,7 @@ func New(opts Options) *Service {
 		ext:      make(map[string]map[string][]umbppb.TierType),
 		hits:     make(map[string]*hit),
 		expired:  make(chan struct{}),
+		changed:  make(chan struct{}),
 	}
 }
 
@@ -151,7 +164,12 @@ func (s *Service) ExpiryAfter() time.Duration {
 // is older than ExpiryAfter is marked expired and its keys and external KV
 // hashes are dropped (the record stays, so it may heartbeat again); hit
 // counts older than HitIndexTTL are dropped. It returns the expired nodes.
+// While the store is out (SetOutage) it does nothing, as MORI's reaper,
+// which cannot reach the store, does nothing.
 func (s *Service) Reap() []string {
+	if s.Outage() != StoreUp {
+		return nil
+	}
 	now := s.opts.Now()
 	cutoff := now.Add(-s.ExpiryAfter())
 	s.mu.Lock()
@@ -190,6 +208,9 @@ func (s *Service) WaitExpired(ctx context.Context, node string) error {
 		s.mu.RUnlock()
 		if gone {
 			return nil
+		}
+		if s.onWait != nil {
+			s.onWait("expiry")
 		}
 		select {
 		case <-ch:
@@ -250,7 +271,10 @@ func capsOf(tcs []*umbppb.TierCapacity) map[umbppb.TierType]Capacity {
 // node is refused with codes.AlreadyExists. The node id is not checked
 // (MORI accepts an empty one). Replacing a record resets its applied seq
 // to 0 but keeps whatever keys the index still holds for the node.
-func (s *Service) RegisterClient(_ context.Context, req *umbppb.RegisterClientRequest) (*umbppb.RegisterClientResponse, error) {
+func (s *Service) RegisterClient(ctx context.Context, req *umbppb.RegisterClientRequest) (*umbppb.RegisterClientResponse, error) {
+	if _, err := s.store(ctx, "RegisterClient", false); err != nil {
+		return nil, err
+	}
 	now := s.opts.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -272,7 +296,10 @@ func (s *Service) RegisterClient(_ context.Context, req *umbppb.RegisterClientRe
 
 // UnregisterClient drops a node's record, keys and external KV hashes at
 // once (its hit counts stay). An unknown node is not an error.
-func (s *Service) UnregisterClient(_ context.Context, req *umbppb.UnregisterClientRequest) (*umbppb.UnregisterClientResponse, error) {
+func (s *Service) UnregisterClient(ctx context.Context, req *umbppb.UnregisterClientRequest) (*umbppb.UnregisterClientResponse, error) {
+	if _, err := s.store(ctx, "UnregisterClient", false); err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.clients[req.GetNodeId()]; ok {
@@ -292,7 +319,10 @@ func (s *Service) UnregisterClient(_ context.Context, req *umbppb.UnregisterClie
 // applied. Capacities are taken only with an applied bundle or full sync.
 // acked_seq is the last applied seq. An unknown node gets status UNKNOWN,
 // acked_seq 0, and no error.
-func (s *Service) Heartbeat(_ context.Context, req *umbppb.HeartbeatRequest) (*umbppb.HeartbeatResponse, error) {
+func (s *Service) Heartbeat(ctx context.Context, req *umbppb.HeartbeatRequest) (*umbppb.HeartbeatResponse, error) {
+	if _, err := s.store(ctx, "Heartbeat", false); err != nil {
+		return nil, err
+	}
 	now := s.opts.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -407,10 +437,16 @@ func (s *Service) dropBlocksLocked(node string) {
 
 // BatchLookup answers, per key, whether any node holds it on any tier. It
 // touches nothing; any number of keys (up to the 64 MiB message limit).
-func (s *Service) BatchLookup(_ context.Context, req *umbppb.BatchLookupRequest) (*umbppb.BatchLookupResponse, error) {
+func (s *Service) BatchLookup(ctx context.Context, req *umbppb.BatchLookupRequest) (*umbppb.BatchLookupResponse, error) {
+	found := make([]bool, len(req.GetKeys()))
+	if nothing, err := s.store(ctx, "BatchLookup", true); err != nil || nothing {
+		if err != nil {
+			return nil, err
+		}
+		return &umbppb.BatchLookupResponse{Found: found}, nil
+	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	found := make([]bool, len(req.GetKeys()))
 	for i, k := range req.GetKeys() {
 		found[i] = len(s.blocks[k]) > 0
 	}
@@ -420,8 +456,11 @@ func (s *Service) BatchLookup(_ context.Context, req *umbppb.BatchLookupRequest)
 // ReportExternalKvBlocks records hashes a node holds on a tier. An empty
 // node id or hash list is codes.InvalidArgument; a node that is not alive
 // is answered OK and nothing is recorded (as MORI does).
-func (s *Service) ReportExternalKvBlocks(_ context.Context, req *umbppb.ReportExternalKvBlocksRequest) (*umbppb.ReportExternalKvBlocksResponse, error) {
+func (s *Service) ReportExternalKvBlocks(ctx context.Context, req *umbppb.ReportExternalKvBlocksRequest) (*umbppb.ReportExternalKvBlocksResponse, error) {
 	if err := checkMutation(req.GetNodeId(), len(req.GetHashes())); err != nil {
+		return nil, err
+	}
+	if _, err := s.store(ctx, "ReportExternalKvBlocks", false); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
@@ -477,8 +516,11 @@ func (s *Service) revokeLocked(h, node string, tier umbppb.TierType, all bool) {
 // RevokeExternalKvBlocks forgets hashes of a node on a tier, whether or not
 // the node is alive; unknown ones are nothing. Its argument checks are
 // ReportExternalKvBlocks's.
-func (s *Service) RevokeExternalKvBlocks(_ context.Context, req *umbppb.RevokeExternalKvBlocksRequest) (*umbppb.RevokeExternalKvBlocksResponse, error) {
+func (s *Service) RevokeExternalKvBlocks(ctx context.Context, req *umbppb.RevokeExternalKvBlocksRequest) (*umbppb.RevokeExternalKvBlocksResponse, error) {
 	if err := checkMutation(req.GetNodeId(), len(req.GetHashes())); err != nil {
+		return nil, err
+	}
+	if _, err := s.store(ctx, "RevokeExternalKvBlocks", false); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
@@ -490,9 +532,12 @@ func (s *Service) RevokeExternalKvBlocks(_ context.Context, req *umbppb.RevokeEx
 }
 
 // RevokeAllExternalKvBlocksAtTier forgets every hash of a node on a tier.
-func (s *Service) RevokeAllExternalKvBlocksAtTier(_ context.Context, req *umbppb.RevokeAllExternalKvBlocksAtTierRequest) (*umbppb.RevokeAllExternalKvBlocksAtTierResponse, error) {
+func (s *Service) RevokeAllExternalKvBlocksAtTier(ctx context.Context, req *umbppb.RevokeAllExternalKvBlocksAtTierRequest) (*umbppb.RevokeAllExternalKvBlocksAtTierResponse, error) {
 	if req.GetNodeId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "node_id must not be empty")
+	}
+	if _, err := s.store(ctx, "RevokeAllExternalKvBlocksAtTier", false); err != nil {
+		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -503,9 +548,12 @@ func (s *Service) RevokeAllExternalKvBlocksAtTier(_ context.Context, req *umbppb
 }
 
 // RevokeAllExternalKvBlocksForNode forgets every hash of a node.
-func (s *Service) RevokeAllExternalKvBlocksForNode(_ context.Context, req *umbppb.RevokeAllExternalKvBlocksForNodeRequest) (*umbppb.RevokeAllExternalKvBlocksForNodeResponse, error) {
+func (s *Service) RevokeAllExternalKvBlocksForNode(ctx context.Context, req *umbppb.RevokeAllExternalKvBlocksForNodeRequest) (*umbppb.RevokeAllExternalKvBlocksForNodeResponse, error) {
 	if req.GetNodeId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "node_id must not be empty")
+	}
+	if _, err := s.store(ctx, "RevokeAllExternalKvBlocksForNode", false); err != nil {
+		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -522,7 +570,13 @@ func (s *Service) RevokeAllExternalKvBlocksForNode(_ context.Context, req *umbpp
 // node order is that of a hash map; here nodes are sorted by id. The peer
 // address is the node's if it is alive, else empty. count_as_hit counts
 // every distinct matched hash once.
-func (s *Service) MatchExternalKv(_ context.Context, req *umbppb.MatchExternalKvRequest) (*umbppb.MatchExternalKvResponse, error) {
+func (s *Service) MatchExternalKv(ctx context.Context, req *umbppb.MatchExternalKvRequest) (*umbppb.MatchExternalKvResponse, error) {
+	if nothing, err := s.store(ctx, "MatchExternalKv", true); err != nil || nothing {
+		if err != nil {
+			return nil, err
+		}
+		return &umbppb.MatchExternalKvResponse{}, nil
+	}
 	if req.GetCountAsHit() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -595,9 +649,15 @@ func (s *Service) MatchExternalKv(_ context.Context, req *umbppb.MatchExternalKv
 // GetExternalKvHitCounts answers the hit counts of the distinct hashes
 // asked that have any, in request order (a hash never hit is left out).
 // More than HitQueryMaxBatch hashes is codes.InvalidArgument.
-func (s *Service) GetExternalKvHitCounts(_ context.Context, req *umbppb.GetExternalKvHitCountsRequest) (*umbppb.GetExternalKvHitCountsResponse, error) {
+func (s *Service) GetExternalKvHitCounts(ctx context.Context, req *umbppb.GetExternalKvHitCountsRequest) (*umbppb.GetExternalKvHitCountsResponse, error) {
 	if len(req.GetHashes()) > s.opts.HitQueryMaxBatch {
 		return nil, status.Error(codes.InvalidArgument, "hashes size exceeds UMBP_HIT_QUERY_MAX_BATCH="+strconv.Itoa(s.opts.HitQueryMaxBatch))
+	}
+	if nothing, err := s.store(ctx, "GetExternalKvHitCounts", true); err != nil || nothing {
+		if err != nil {
+			return nil, err
+		}
+		return &umbppb.GetExternalKvHitCountsResponse{}, nil
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -616,7 +676,7 @@ func (s *Service) GetExternalKvHitCounts(_ context.Context, req *umbppb.GetExter
 }
 
 // ReportMetrics is accepted and ignored, as MORI's master does when its
-// metrics exporter is off.
+// metrics exporter is off (without touching the store).
 func (s *Service) ReportMetrics(context.Context, *umbppb.ReportMetricsRequest) (*umbppb.ReportMetricsResponse, error) {
 	return &umbppb.ReportMetricsResponse{}, nil
 }

@@ -10,27 +10,28 @@ import (
 )
 
 // faults are a test server's injected faults and its call counts: stalls of
-// chosen methods ("" stalls every one), failures due, and how many calls of
-// each method arrived. Server and Master share them. Its methods are safe
-// for concurrent use.
+// chosen methods ("" stalls every one), failures due, a suspension of the
+// whole process, and how many calls of each method arrived. Server and
+// Master share them. Its methods are safe for concurrent use.
 type faults struct {
-	who string // "server" or "master", for the errors it injects
+	who   string       // "server" or "master", for the errors it injects
+	calls *callCounter // this process's calls
+	also  *callCounter // when not nil, counts them too (a replicated master's)
 
-	mu     sync.Mutex
-	stalls map[string]chan struct{}
-	fail   map[string]int
-	calls  map[string]int
-	called chan struct{} // closed and replaced at every call
-	off    bool          // closed: no new stalls
+	mu        sync.Mutex
+	stalls    map[string]chan struct{}
+	fail      map[string][]failRun // per method, the failures due, first first
+	suspended chan struct{}        // closed on resume; nil while running
+	off       bool                 // closed: no new stalls
 }
 
-func newFaults(who string) *faults {
+func newFaults(who string, also *callCounter) *faults {
 	return &faults{
 		who:    who,
+		calls:  newCallCounter(),
+		also:   also,
 		stalls: make(map[string]chan struct{}),
-		fail:   make(map[string]int),
-		calls:  make(map[string]int),
-		called: make(chan struct{}),
+		fail:   make(map[string][]failRun),
 	}
 }
 
@@ -39,9 +40,11 @@ func newFaults(who string) *faults {
 // when one is due.
 func (f *faults) enter(ctx context.Context, done <-chan struct{}, method string) error {
 	f.mu.Lock()
-	f.calls[method]++
-	close(f.called)
-	f.called = make(chan struct{})
+	// Counted and its stalls taken at once: a call counted is held.
+	f.calls.add(method)
+	if f.also != nil {
+		f.also.add(method)
+	}
 	stalled := []chan struct{}{f.stalls[method], f.stalls[""]}
 	f.mu.Unlock()
 	for _, ch := range stalled {
@@ -63,15 +66,22 @@ func (f *faults) enter(ctx context.Context, done <-chan struct{}, method string)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if n := f.fail[method]; n > 0 {
-		if n == 1 {
+	due := f.fail[method]
+	if len(due) == 0 {
+		return nil
+	}
+	err := due[0].err
+	if due[0].n--; due[0].n == 0 {
+		if len(due) == 1 {
 			delete(f.fail, method)
 		} else {
-			f.fail[method] = n - 1
+			f.fail[method] = due[1:]
 		}
-		return status.Errorf(codes.Unavailable, "umbptest: injected failure of %s", method)
 	}
-	return nil
+	if err == nil {
+		err = status.Errorf(codes.Unavailable, "umbptest: injected failure of %s", method)
+	}
+	return err
 }
 
 // stall makes the named methods (every one, with none named) wait from now
@@ -93,7 +103,7 @@ func (f *faults) stall(methods []string) {
 }
 
 // resume releases the named methods' stalls, or with none named every
-// stall.
+// stall and a suspension.
 func (f *faults) resume(methods []string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -102,6 +112,7 @@ func (f *faults) resume(methods []string) {
 			close(ch)
 			delete(f.stalls, m)
 		}
+		f.unsuspendLocked()
 		return
 	}
 	for _, m := range methods {
@@ -112,30 +123,104 @@ func (f *faults) resume(methods []string) {
 	}
 }
 
-// failNext makes the next n calls of method fail; n <= 0 clears them.
-func (f *faults) failNext(method string, n int) {
+// suspend stops the process's transport until resume (see Master.Suspend).
+func (f *faults) suspend() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.off && f.suspended == nil {
+		f.suspended = make(chan struct{})
+	}
+}
+
+// unsuspend ends a suspension (the process was killed).
+func (f *faults) unsuspend() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.unsuspendLocked()
+}
+
+func (f *faults) unsuspendLocked() {
+	if f.suspended != nil {
+		close(f.suspended)
+		f.suspended = nil
+	}
+}
+
+// suspension is the channel that closes when a suspension ends, or nil
+// while the process runs.
+func (f *faults) suspension() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.suspended == nil {
+		return nil
+	}
+	return f.suspended
+}
+
+// failNext makes the next n calls of method fail with err (nil: the
+// default failure); n <= 0 clears them.
+func (f *faults) failNext(method string, n int, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if n <= 0 {
 		delete(f.fail, method)
 		return
 	}
-	f.fail[method] += n
+	f.fail[method] = append(f.fail[method], failRun{err: err, n: n})
+}
+
+// failRun is n failures with err (nil: the default failure).
+type failRun struct {
+	err error
+	n   int
 }
 
 // count is how many calls of method arrived.
-func (f *faults) count(method string) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.calls[method]
-}
+func (f *faults) count(method string) int { return f.calls.count(method) }
 
 // waitCalls waits until n calls of method have arrived, or ctx ends.
 func (f *faults) waitCalls(ctx context.Context, method string, n int) error {
+	return f.calls.wait(ctx, method, n)
+}
+
+// close stops new stalls and suspensions: the server is closing.
+func (f *faults) close() {
+	f.mu.Lock()
+	f.off = true
+	f.mu.Unlock()
+}
+
+// callCounter counts calls by method and wakes whoever waits for a count.
+type callCounter struct {
+	mu     sync.Mutex
+	calls  map[string]int
+	called chan struct{} // closed and replaced at every call
+}
+
+func newCallCounter() *callCounter {
+	return &callCounter{calls: make(map[string]int), called: make(chan struct{})}
+}
+
+func (c *callCounter) add(method string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls[method]++
+	close(c.called)
+	c.called = make(chan struct{})
+}
+
+func (c *callCounter) count(method string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.calls[method]
+}
+
+// wait waits until n calls of method have arrived, or ctx ends.
+func (c *callCounter) wait(ctx context.Context, method string, n int) error {
 	for {
-		f.mu.Lock()
-		got, ch := f.calls[method], f.called
-		f.mu.Unlock()
+		c.mu.Lock()
+		got, ch := c.calls[method], c.called
+		c.mu.Unlock()
 		if got >= n {
 			return nil
 		}
@@ -145,11 +230,4 @@ func (f *faults) waitCalls(ctx context.Context, method string, n int) error {
 			return fmt.Errorf("umbptest: %d calls of %s, waiting for %d: %w", got, method, n, ctx.Err())
 		}
 	}
-}
-
-// close stops new stalls: the server is closing.
-func (f *faults) close() {
-	f.mu.Lock()
-	f.off = true
-	f.mu.Unlock()
 }

@@ -187,8 +187,9 @@ func wantCode(t *testing.T, err error, c codes.Code) {
 	}
 }
 
-func TestMasterRegister(t *testing.T) {
-	tg := newTarget(t)
+func TestMasterRegister(t *testing.T) { testMasterRegister(t, newTarget(t)) }
+
+func testMasterRegister(t *testing.T, tg *target) {
 	ctx := ctxT(t, 10*time.Second)
 	n := tg.ids + "n"
 	r := tg.register(t, ctx, n)
@@ -203,8 +204,9 @@ func TestMasterRegister(t *testing.T) {
 	wantFound(t, tg.lookup(t, ctx, n+"k"), true)
 }
 
-func TestMasterRegisterSeqZeroIsAGap(t *testing.T) {
-	tg := newTarget(t)
+func TestMasterRegisterSeqZeroIsAGap(t *testing.T) { testMasterRegisterSeqZeroIsAGap(t, newTarget(t)) }
+
+func testMasterRegisterSeqZeroIsAGap(t *testing.T, tg *target) {
 	ctx := ctxT(t, 10*time.Second)
 	n := tg.ids + "n"
 	tg.register(t, ctx, n)
@@ -212,8 +214,9 @@ func TestMasterRegisterSeqZeroIsAGap(t *testing.T) {
 	wantFound(t, tg.lookup(t, ctx, n+"k"), false)
 }
 
-func TestMasterHeartbeatIndex(t *testing.T) {
-	tg := newTarget(t)
+func TestMasterHeartbeatIndex(t *testing.T) { testMasterHeartbeatIndex(t, newTarget(t)) }
+
+func testMasterHeartbeatIndex(t *testing.T, tg *target) {
 	ctx := ctxT(t, 10*time.Second)
 	a, b := tg.ids+"a", tg.ids+"b"
 	tg.register(t, ctx, a)
@@ -252,8 +255,9 @@ func TestMasterHeartbeatIndex(t *testing.T) {
 	wantFound(t, tg.lookup(t, ctx, k("z")), false)
 }
 
-func TestMasterHeartbeatSequence(t *testing.T) {
-	tg := newTarget(t)
+func TestMasterHeartbeatSequence(t *testing.T) { testMasterHeartbeatSequence(t, newTarget(t)) }
+
+func testMasterHeartbeatSequence(t *testing.T, tg *target) {
 	ctx := ctxT(t, 10*time.Second)
 	n := tg.ids + "n"
 	k := func(s string) string { return tg.ids + s }
@@ -293,8 +297,9 @@ func TestMasterHeartbeatSequence(t *testing.T) {
 	wantHB(t, r, umbppb.ClientStatus_CLIENT_STATUS_UNKNOWN, 0, false)
 }
 
-func TestMasterExpiry(t *testing.T) {
-	tg := newTarget(t)
+func TestMasterExpiry(t *testing.T) { testMasterExpiry(t, newTarget(t)) }
+
+func testMasterExpiry(t *testing.T, tg *target) {
 	ctx := ctxT(t, 60*time.Second)
 	n, other := tg.ids+"n", tg.ids+"other"
 	k := func(s string) string { return tg.ids + s }
@@ -366,8 +371,9 @@ func wantMatch(t *testing.T, got map[string]*umbppb.ExternalKvNodeMatch, want ..
 	}
 }
 
-func TestMasterExternalKv(t *testing.T) {
-	tg := newTarget(t)
+func TestMasterExternalKv(t *testing.T) { testMasterExternalKv(t, newTarget(t)) }
+
+func testMasterExternalKv(t *testing.T, tg *target) {
 	ctx := ctxT(t, 10*time.Second)
 	a, b := tg.ids+"a", tg.ids+"b"
 	h := func(s string) string { return tg.ids + s }
@@ -639,7 +645,10 @@ func TestMasterStallAndKill(t *testing.T) {
 }
 
 func TestMasterEmptyNodeIDAndLargeLookup(t *testing.T) {
-	tg := newTarget(t)
+	testMasterEmptyNodeIDAndLargeLookup(t, newTarget(t))
+}
+
+func testMasterEmptyNodeIDAndLargeLookup(t *testing.T, tg *target) {
 	ctx := ctxT(t, 30*time.Second)
 	// MORI does not check the node id of RegisterClient.
 	if _, err := tg.c.RegisterClient(ctx, &umbppb.RegisterClientRequest{}); err != nil {
@@ -666,8 +675,9 @@ func TestMasterEmptyNodeIDAndLargeLookup(t *testing.T) {
 	}
 }
 
-func TestMasterUnknownEventKindIsAdd(t *testing.T) {
-	tg := newTarget(t)
+func TestMasterUnknownEventKindIsAdd(t *testing.T) { testMasterUnknownEventKindIsAdd(t, newTarget(t)) }
+
+func testMasterUnknownEventKindIsAdd(t *testing.T, tg *target) {
 	ctx := ctxT(t, 10*time.Second)
 	n := tg.ids + "n"
 	k := func(s string) string { return tg.ids + s }

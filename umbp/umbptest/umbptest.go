@@ -6,6 +6,17 @@
 //
 //	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 64 << 20})
 //	cfg := umbp.Config{Endpoint: srv.Endpoint()}
+//
+// For a distributed pool it runs a test double of MORI's UMBP master on
+// loopback TCP (Master), or several replicas of one over a shared store, as
+// MORI runs them over Redis (ReplicatedMaster), with faults of their own
+// (stalls, suspension, failures, kill and restart, outages of the store);
+// and it places nodes in a master over the master's own wire (Node), which
+// hold keys, report external KV and heartbeat until closed.
+//
+//	m := umbptest.NewMaster(t, umbptest.MasterOptions{})
+//	umbptest.NewNode(t, m.Addr(), umbptest.NodeOptions{ID: "node-a", Keys: keys})
+//	cfg := umbp.ClusterConfig{Master: m.Addr()}
 package umbptest
 
 import (
@@ -120,7 +131,7 @@ func Start(opts Options) (*Server, error) {
 		opts:     opts,
 		dir:      dir,
 		endpoint: "unix://" + filepath.Join(dir, "umbp.grpc.sock"),
-		faults:   newFaults("server"),
+		faults:   newFaults("server", nil),
 	}
 	if err := s.start(); err != nil {
 		_ = os.RemoveAll(dir)
@@ -218,7 +229,7 @@ func (s *Server) Resume(methods ...string) {
 // e.g. "BatchPut") with codes.Unavailable, FDHandoff with status -1. It adds
 // to failures already pending for method; n <= 0 clears them.
 func (s *Server) FailNext(method string, n int) {
-	s.faults.failNext(method, n)
+	s.faults.failNext(method, n, nil)
 }
 
 // Calls is how many calls of method (short name, or FDHandoff) reached the
