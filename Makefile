@@ -5,7 +5,7 @@ PROTOC   ?= protoc
 # generated headers); the Go plugins are pinned as tools in go.mod.
 PROTOC_VERSION := 3.21.12
 
-.PHONY: all build test test-short proto proto-check lint bench demo fuzz clean tool
+.PHONY: all build test test-short proto proto-check lint bench demo fuzz clean tool check-tree
 
 all: build lint test
 
@@ -52,6 +52,12 @@ FUZZTIME ?= 20s
 FUZZ ?= .
 fuzz:
 	@GO='$(GO)' FUZZTIME='$(FUZZTIME)' FUZZ='$(FUZZ)' scripts/fuzz.sh
+
+# Fails when the repository tracks build output: an executable binary, or a
+# file over 1 MiB outside testdata (.ci/tree-exceptions names the others,
+# each with its reason). CI runs it before the tests.
+check-tree:
+	@scripts/check-tree.sh
 
 protoc-install:
 	@if ! $(PROTOC) --version 2>/dev/null | grep -q 'libprotoc $(PROTOC_VERSION)'; then \

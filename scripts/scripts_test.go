@@ -131,3 +131,68 @@ func TestFuzzScriptCoordinatorRace(t *testing.T) {
 		}
 	}
 }
+
+// git runs git in dir.
+func git(t *testing.T, dir string, args ...string) {
+	t.Helper()
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// check-tree.sh passes this repository, and fails a repository that
+// tracks an executable binary, a file over 1 MiB or an executable that is
+// not a script, naming each, unless it is under testdata or excepted with
+// a reason.
+func TestCheckTree(t *testing.T) {
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skipf("no git: %v", err)
+	}
+	if exec.Command("git", "-C", "..", "rev-parse", "--git-dir").Run() == nil {
+		if out, ok := script(t, "check-tree.sh", ".."); !ok {
+			t.Fatalf("this repository fails the check:\n%s", out)
+		}
+	}
+	elf, err := os.ReadFile("/proc/self/exe") // this test's own binary
+	if err != nil {
+		t.Skipf("no binary to plant: %v", err)
+	}
+	for _, tc := range []struct {
+		name  string
+		files map[string]string
+		mode  os.FileMode // of the planted files
+		want  string      // in the failure; "" passes
+	}{
+		{"clean", map[string]string{"a.go": "package a\n", "b.bin": "\x00\x01\x02\x03"}, 0o644, ""},
+		{"script", map[string]string{"run.sh": "#!/bin/sh\n"}, 0o755, ""},
+		{"binary", map[string]string{"cmd/tool/tool": string(elf[:4096])}, 0o755, "cmd/tool/tool: an ELF executable or library"},
+		{"binary without x", map[string]string{"lib.so": string(elf[:4096])}, 0o644, "lib.so: an ELF executable or library"},
+		{"large", map[string]string{"data.json": strings.Repeat("x", 1<<20+1)}, 0o644, "data.json: 1048577 bytes, over 1 MiB"},
+		{"executable text", map[string]string{"notes": "hello\n"}, 0o755, "notes: executable (mode 755) but not a script"},
+		{"testdata", map[string]string{"x/testdata/big.bin": strings.Repeat("x", 1<<20+1) + string(elf[:64])}, 0o644, ""},
+		{"excepted", map[string]string{"big.txt": strings.Repeat("x", 1<<20+1), ".ci/tree-exceptions": "# why\nbig.txt  the full vector list, read by the tests\n"}, 0o644, ""},
+		{"excepted without a reason", map[string]string{"big.txt": strings.Repeat("x", 1<<20+1), ".ci/tree-exceptions": "big.txt\n"}, 0o644, "big.txt is excepted without a reason"},
+		{"stale exception", map[string]string{".ci/tree-exceptions": "gone.bin  it was needed once\n"}, 0o644, "gone.bin is not tracked"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			git(t, dir, "init", "-q")
+			for name, text := range tc.files {
+				p := filepath.Join(dir, name)
+				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(p, []byte(text), tc.mode); err != nil {
+					t.Fatal(err)
+				}
+			}
+			git(t, dir, "add", ".")
+			out, ok := script(t, "check-tree.sh", dir)
+			if ok != (tc.want == "") || !strings.Contains(out, tc.want) {
+				t.Errorf("succeeded %v with %q; want %q", ok, out, tc.want)
+			}
+		})
+	}
+}
