@@ -13,10 +13,14 @@ build:
 	$(GO) build ./...
 
 # The contrib modules (their own go.mod each) are tested after the core.
+# scripts/testprogress lists each package as it finishes, and what is still
+# building or running every 30 s without one; the first run compiles gRPC
+# under the race detector.
 CONTRIB := contrib/prometheus contrib/otel
+TESTFLAGS := -race -count=1 -timeout 10m
 test:
-	$(GO) test -race -count=1 -timeout 10m ./...
-	@set -e; for m in $(CONTRIB); do echo "== $$m"; (cd $$m && $(GO) test -race -count=1 -timeout 10m ./...); done
+	@GO='$(GO)' $(GO) run ./scripts/testprogress $(TESTFLAGS) ./...
+	@set -e; for m in $(CONTRIB); do echo "== $$m"; GO='$(GO)' $(GO) run ./scripts/testprogress -C $$m $(TESTFLAGS) ./...; done
 
 test-short:
 	$(GO) test -short -count=1 ./...
