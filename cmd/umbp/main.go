@@ -315,6 +315,8 @@ func listening(endpoint string) error {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return fmt.Errorf("no server socket at %s: start the server, or name its socket with -endpoint (or $UMBP_ENDPOINT)", path)
+	case errors.Is(err, fs.ErrPermission):
+		return fmt.Errorf("server socket: %w (a server's socket and its directory admit only the server's user and root)", err)
 	case err != nil:
 		return fmt.Errorf("server socket: %w", err)
 	case fi.Mode().Type() != fs.ModeSocket:
@@ -326,7 +328,7 @@ func listening(endpoint string) error {
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return fmt.Errorf("no server listens on %s (a socket left by a server that exited?): start the server", path)
 	case errors.Is(err, fs.ErrPermission):
-		return fmt.Errorf("server socket: %w", err)
+		return fmt.Errorf("server socket: %w (a server's socket and its directory admit only the server's user and root)", err)
 	}
 	if err == nil {
 		_ = c.Close()
