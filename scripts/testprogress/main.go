@@ -96,11 +96,13 @@ type report struct {
 	output   map[string][]string  // per package and test, output so far
 	ok, fail int
 	failed   []string
+	// buildFailed are the packages whose test binary did not build.
+	buildFailed map[string]bool
 }
 
 func newReport(w io.Writer, now time.Time) *report {
 	fmt.Fprintf(w, "go test: building the packages and their tests; each is listed as it finishes\n")
-	return &report{w: w, start: now, last: now, running: map[string]time.Time{}, output: map[string][]string{}}
+	return &report{w: w, start: now, last: now, running: map[string]time.Time{}, output: map[string][]string{}, buildFailed: map[string]bool{}}
 }
 
 func (r *report) read(in io.Reader) {
@@ -124,8 +126,8 @@ func (r *report) event(e event) {
 	case "build-output":
 		fmt.Fprint(r.w, e.Output)
 	case "build-fail":
-		r.fail++
-		r.failed = append(r.failed, e.ImportPath+" (build)")
+		// Its package's fail follows: counted there.
+		r.buildFailed[strings.Fields(e.ImportPath)[0]] = true
 	case "start":
 		r.running[e.Package] = time.Now()
 	case "output":
@@ -166,7 +168,11 @@ func (r *report) done(e event, word string) {
 			}
 		}
 		r.fail++
-		r.failed = append(r.failed, e.Package)
+		if r.buildFailed[e.Package] {
+			r.failed = append(r.failed, e.Package+" (build failed)")
+		} else {
+			r.failed = append(r.failed, e.Package)
+		}
 	} else {
 		r.ok++
 		if slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, "[no test files]") }) {

@@ -33,6 +33,9 @@ func TestReport(t *testing.T) {
 {"Action":"skip","Package":"m/c","Elapsed":0}
 {"ImportPath":"m/d [m/d.test]","Action":"build-output","Output":"d_test.go:3:1: syntax error\n"}
 {"ImportPath":"m/d [m/d.test]","Action":"build-fail"}
+{"Action":"start","Package":"m/d"}
+{"Action":"output","Package":"m/d","Output":"FAIL\tm/d [build failed]\n"}
+{"Action":"fail","Package":"m/d","Elapsed":0}
 {"Action":"start","Package":"m/e"}
 `))
 	r.last = start.Add(-time.Minute)
@@ -47,7 +50,7 @@ func TestReport(t *testing.T) {
 		"--   m/c ",
 		"d_test.go:3:1: syntax error\n",
 		"...  still running (1m0s in): m/e (",
-		"go test: 2 packages ok, 2 failed, in 2m0s\n  FAIL m/b\n  FAIL m/d [m/d.test] (build)\n",
+		"go test: 2 packages ok, 2 failed, in 2m0s\n  FAIL m/b\n  FAIL m/d (build failed)\n",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("output does not contain %q:\n%s", want, got)
