@@ -135,11 +135,13 @@ type hostileFD struct {
 // accepts reports whether the handoff's reply is a clean StatusOK.
 func (f hostileFD) accepts() bool { return (f.mode == fdStatus || f.mode == fdLong) && f.status == 0 }
 
-// hostileScript is every reply the hostile server makes.
+// hostileScript is every reply the hostile server makes, and which of
+// the checks run under it.
 type hostileScript struct {
-	plain      bool // Ping without ranged I/O, for handles attached under it
-	oneLayer   bool // the fresh worker's plans have one range each
-	bulk       bool // StoreBlocks and LoadBlocks instead of Store and Load
+	plain      bool  // Ping without ranged I/O, for handles attached under it
+	oneLayer   bool  // the fresh worker's plans have one range each
+	bulk       bool  // StoreBlocks and LoadBlocks instead of Store and Load
+	parts      uint8 // the checks: partsAll, or one of them alone
 	exists     hostileBatch
 	count      hostileCount
 	clear      hostileBool
@@ -149,6 +151,16 @@ type hostileScript struct {
 	deregister uint8 // how
 	fd         hostileFD
 }
+
+// Which checks a script runs: all of them (every named case), or one, so
+// that the fuzzer spends each input on one kind of call and tries more
+// inputs a second.
+const (
+	partsAll       = 0
+	partsLookups   = 1 // the long-lived scheduler's calls
+	partsTransfers = 2 // the long-lived worker's store and load
+	partsFresh     = 3 // a worker attached, registered and closed under the script
+)
 
 // goodScript answers like a healthy server that holds nothing.
 var goodScript = hostileScript{
@@ -201,6 +213,7 @@ func decodeHostile(data []byte) hostileScript {
 	var s hostileScript
 	flags := r.u8()
 	s.plain, s.oneLayer, s.bulk = flags&1 == 1, flags&2 == 2, flags&4 == 4
+	s.parts = flags >> 3 & 3
 	s.exists = r.batch()
 	s.count = hostileCount{how: r.u8() % howCount, relative: r.u8()&1 == 1, count: r.u64()}
 	s.clear = r.boolean()
@@ -226,7 +239,7 @@ func encodeHostile(s hostileScript) []byte {
 	str := func(v string) { u8(byte(len(v))); b = append(b, v...) }
 	batch := func(v hostileBatch) { u8(v.how); u8(byte(v.delta)); u8(v.bits) }
 	boolean := func(v hostileBool) { u8(v.how); u8(bit(v.ok)); str(v.msg) }
-	u8(bit(s.plain) | bit(s.oneLayer)<<1 | bit(s.bulk)<<2)
+	u8(bit(s.plain) | bit(s.oneLayer)<<1 | bit(s.bulk)<<2 | s.parts<<3)
 	batch(s.exists)
 	u8(s.count.how)
 	u8(bit(s.count.relative))
@@ -534,9 +547,15 @@ func (e *hostileEnv) check(t *testing.T, sc hostileScript) {
 			t.Fatalf("a handle is %s: hostile replies over a healthy transport must not make it reattach", st)
 		}
 	}
-	e.checkLookups(t, sc)
-	e.checkTransfers(t, e.w, e.wplans, sc, true)
-	e.checkFreshWorker(t, sc)
+	if sc.parts == partsAll || sc.parts == partsLookups {
+		e.checkLookups(t, sc)
+	}
+	if sc.parts == partsAll || sc.parts == partsTransfers {
+		e.checkTransfers(t, e.w, e.wplans, sc, true)
+	}
+	if sc.parts == partsAll || sc.parts == partsFresh {
+		e.checkFreshWorker(t, sc)
+	}
 	for _, h := range []interface{ State() umbp.HandleState }{e.sched, e.w} {
 		if st := h.State(); st != umbp.StateConnected {
 			t.Errorf("a handle is %s: hostile replies over a healthy transport must not make it reattach", st)
@@ -893,14 +912,24 @@ func openFDs(t *testing.T) int {
 	return len(ents)
 }
 
-// FuzzHostileServer lets the input write the hostile server's replies.
-// The server and the long-lived handles start once per process.
+// FuzzHostileServer lets the input write the hostile server's replies,
+// and pick the checks that run under them (all, or one kind of call: bits
+// 3 and 4 of the first byte). The server and the long-lived handles start
+// once per process, and a refused store is retried without the pauses a
+// real server gets (what a retry does is the same; only the time goes), so
+// that it tries a few thousand inputs a second.
 func FuzzHostileServer(f *testing.F) {
 	for _, c := range hostileCases() {
 		f.Add(encodeHostile(c.sc))
+		for parts := uint8(partsLookups); parts <= partsFresh; parts++ {
+			sc := c.sc
+			sc.parts = parts
+			f.Add(encodeHostile(sc))
+		}
 	}
 	f.Add([]byte{})
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+	f.Cleanup(umbp.SetStoreRetryBackoff([]time.Duration{0, 0}))
 	e := newHostileEnv(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		e.check(t, decodeHostile(data))

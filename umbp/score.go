@@ -122,6 +122,13 @@ type Scores struct {
 	Complete bool
 }
 
+// Validate reports whether the request can be asked: at most 4096
+// candidates, none empty, not UTF-8 or listed twice; at most 65536 blocks;
+// a Prompt or BlockHashes and PoolKeys, not both. [SchedulerHandle.Score]
+// refuses such a request before anything is sent; Validate says so without
+// a handle. Errors match [ErrInvalidKey].
+func (r ScoreRequest) Validate() error { return invalid(r.check()) }
+
 // check refuses a request that cannot be asked.
 func (r *ScoreRequest) check() error {
 	bad := func(format string, args ...any) error {

@@ -18,11 +18,13 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/umbp-go/umbp-go/internal/bytesize"
 	"github.com/umbp-go/umbp-go/internal/endpoint"
 	"github.com/umbp-go/umbp-go/internal/fdpass"
+	"github.com/umbp-go/umbp-go/internal/hip"
 	"github.com/umbp-go/umbp-go/internal/server"
 )
 
@@ -92,12 +94,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if c, ok := gpu.(io.Closer); ok {
 		defer c.Close()
 	}
-	if errors.Is(err, server.ErrEndpointInUse) {
-		log.Error("cannot start: another server is live on this endpoint; stop it, or pass -replace to take its sockets over", "err", err)
-		return 1
-	}
 	if err != nil {
-		log.Error("cannot start", "err", err)
+		log.Error(startFailure(err, *endpoint))
 		return 1
 	}
 	fmt.Fprintf(stdout, "listening on %s\n", srv.Endpoint())
@@ -122,15 +120,40 @@ func gpuBackend(mode string, log *slog.Logger) (server.GPUBackend, int) {
 		log.Error("invalid -gpu: want auto, on or off", "gpu", mode)
 		return nil, 2
 	}
-	gpu, err := server.NewHIPBackend(log)
-	switch {
-	case err == nil:
+	gpu, err := server.NewHIPBackend(log) // each library tried, at debug level
+	if err == nil {
 		log.Info("GPU IPC regions served", "runtime", fmt.Sprint(gpu))
 		return gpu, 0
-	case mode == "on":
-		log.Error("-gpu on: no usable GPU runtime", "err", err)
+	}
+	var found string
+	var le *hip.LoadError
+	if errors.As(err, &le) {
+		found = fmt.Sprintf("no usable GPU runtime among the %d libraries tried (-log-level debug lists them)", len(le.Tried))
+	} else {
+		found = fmt.Sprintf("no GPU runtime (%s)", strings.TrimPrefix(err.Error(), "server: GPU backend: "))
+	}
+	if mode == "on" {
+		log.Error("-gpu on: " + found)
 		return nil, 1
 	}
-	log.Info("no GPU runtime: GPU IPC registration is refused", "reason", err)
+	log.Info(found + ": GPU IPC registration is refused")
 	return nil, 0
+}
+
+// startFailure is the one line that says why the server could not start,
+// and which flag, if any, changes that.
+func startFailure(err error, endpoint string) string {
+	var nse *server.NotSocketError
+	switch {
+	case errors.As(err, &nse):
+		where := nse.Path
+		if grpcPath, _, perr := fdpass.SocketPaths(endpoint); perr == nil && grpcPath != nse.Path {
+			where += " (the fd socket path, derived from -endpoint)"
+		}
+		return fmt.Sprintf("cannot start: %s is %s, not a socket; it is left as it is: move it away, or give another -endpoint", where, nse.What)
+	case errors.Is(err, server.ErrEndpointInUse):
+		who := strings.TrimPrefix(err.Error(), server.ErrEndpointInUse.Error()+": ")
+		return fmt.Sprintf("cannot start: %s; stop it, or pass -replace to take its sockets over", who)
+	}
+	return "cannot start: " + strings.TrimPrefix(err.Error(), "server: ")
 }

@@ -209,6 +209,10 @@ func TestRunRefusesLiveEndpoint(t *testing.T) {
 	if !strings.Contains(msg, fmt.Sprintf("pid %d", os.Getpid())) || !strings.Contains(msg, "-replace") || out.Len() != 0 {
 		t.Errorf("second server on a live endpoint: stdout %q, stderr %q; want the live server's pid and -replace", out.String(), msg)
 	}
+	// Said once, in the flag's words, not the Go option's.
+	if strings.Contains(msg, "Options.") || strings.Count(msg, "live") > 1 || strings.Count(msg, "\n") != 1 {
+		t.Errorf("second server on a live endpoint: stderr %q: want one line that names no Go field", msg)
+	}
 	cc, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -218,5 +222,120 @@ func TestRunRefusesLiveEndpoint(t *testing.T) {
 	defer cancel()
 	if r, err := umbppb.NewUMBPStandaloneClient(cc).Ping(ctx, &umbppb.Empty{}); err != nil || !r.GetReady() {
 		t.Fatalf("the live server after the refused start: %v, %v", r, err)
+	}
+}
+
+// TestRunRefusesWhatIsNotASocket: a regular file, an empty directory or a
+// directory with a file in it at the gRPC or the fd socket path: the
+// command exits 1 naming the path, what is there and -endpoint, and leaves
+// it as it was.
+func TestRunRefusesWhatIsNotASocket(t *testing.T) {
+	for _, k := range []struct {
+		name, what string
+		make       func(path string) error
+	}{
+		{"file", "a regular file of 10 bytes", func(p string) error { return os.WriteFile(p, []byte("important\n"), 0o644) }},
+		{"empty dir", "an empty directory", func(p string) error { return os.Mkdir(p, 0o755) }},
+		{"dir", "a directory of 1 entry", func(p string) error {
+			if err := os.Mkdir(p, 0o755); err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(p, "keep"), []byte("important\n"), 0o644)
+		}},
+	} {
+		for _, which := range []string{"grpc", "fd"} {
+			t.Run(k.name+" at the "+which+" path", func(t *testing.T) {
+				dir := t.TempDir()
+				grpcPath := filepath.Join(dir, "n.grpc.sock")
+				path := grpcPath
+				if which == "fd" {
+					path = filepath.Join(dir, "n.fd.sock")
+				}
+				if err := k.make(path); err != nil {
+					t.Fatal(err)
+				}
+				before := tree(t, dir)
+				var out, errOut bytes.Buffer
+				if code := run([]string{"-endpoint", "unix://" + grpcPath, "-capacity", "1MiB", "-prefault=false", "-gpu", "off"}, &out, &errOut); code != 1 {
+					t.Fatalf("exit %d, want 1\n%s", code, errOut.String())
+				}
+				want := path + " is " + k.what + ", not a socket"
+				if which == "fd" {
+					want = path + " (the fd socket path, derived from -endpoint) is " + k.what + ", not a socket"
+				}
+				if msg := errOut.String(); !strings.Contains(msg, want) || !strings.Contains(msg, "give another -endpoint") || out.Len() != 0 {
+					t.Errorf("stdout %q, stderr %q; want %q and -endpoint", out.String(), msg, want)
+				}
+				if after := tree(t, dir); after != before {
+					t.Errorf("the directory changed:\nbefore:\n%s\nafter:\n%s", before, after)
+				}
+			})
+		}
+	}
+}
+
+// tree lists every entry under dir with its mode, and a regular file's
+// content.
+func tree(t *testing.T, dir string) string {
+	t.Helper()
+	var b strings.Builder
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(&b, "%s %v", p, fi.Mode())
+		if fi.Mode().IsRegular() {
+			data, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(&b, " %q", data)
+		}
+		b.WriteByte('\n')
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+// TestRunGPUProbeOneLine: without a GPU runtime, the probe says what it
+// found in one short line at info level; the libraries it tried are listed
+// at debug level only.
+func TestRunGPUProbeOneLine(t *testing.T) {
+	if hip.Available() {
+		t.Skip("this host has a GPU runtime")
+	}
+	for _, level := range []string{"info", "debug"} {
+		dir := t.TempDir()
+		grpcPath := filepath.Join(dir, "n.grpc.sock")
+		// A file at the endpoint ends the start right after the probe.
+		if err := os.WriteFile(grpcPath, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var out, errOut bytes.Buffer
+		if code := run([]string{"-endpoint", grpcPath, "-capacity", "1MiB", "-prefault=false", "-log-level", level}, &out, &errOut); code != 1 {
+			t.Fatalf("exit %d, want 1\n%s", code, errOut.String())
+		}
+		var info, debug []string
+		for l := range strings.Lines(errOut.String()) {
+			switch {
+			case strings.Contains(l, "level=INFO"):
+				info = append(info, l)
+			case strings.Contains(l, "level=DEBUG") && strings.Contains(l, "GPU runtime probe"):
+				debug = append(debug, l)
+			}
+		}
+		if len(info) != 1 || !strings.Contains(info[0], "GPU IPC registration is refused") || len(info[0]) > 200 {
+			t.Errorf("-log-level %s: info lines %q; want one short line about the GPU", level, info)
+		}
+		if level == "info" && len(debug) != 0 || level == "debug" && len(debug) < 2 {
+			t.Errorf("-log-level %s: %d debug lines listing libraries", level, len(debug))
+		}
 	}
 }

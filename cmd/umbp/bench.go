@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/schollz/progressbar/v3"
+	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 
 	"github.com/umbp-go/umbp-go/internal/bytesize"
@@ -57,14 +58,14 @@ type benchResult struct {
 }
 
 func benchFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string) error {
-	c.register(fs, 30*time.Second, "how long to wait for the server to answer at start, and each transfer's deadline (Config.Timeout)")
+	c.register(fs, 30*time.Second, "how long to wait for the server to answer at start, and each transfer's deadline")
 	var bc benchConfig
 	size := fs.String("object-size", "1MiB", "bytes per object (block); suffixes as 4MiB, 256KiB, 1GB")
 	fs.IntVar(&bc.objects, "objects", 64, "objects stored and loaded per round")
 	fs.IntVar(&bc.ranges, "ranges", 1, "ranges per object: each object gathers one chunk from each of this many layer regions, as a layer-major KV cache")
 	fs.IntVar(&bc.batch, "batch", 0, "objects per job; 0 puts a round's objects in one job")
 	fs.IntVar(&bc.rounds, "rounds", 5, "rounds: each stores new keys, looks them up, loads them back")
-	fs.IntVar(&bc.workers, "workers", umbp.DefaultNumWorkers, "transfer goroutines of the worker handle (Config.NumWorkers)")
+	fs.IntVar(&bc.workers, "workers", umbp.DefaultNumWorkers, "transfer goroutines of the worker handle")
 	fs.BoolVar(&bc.verify, "verify", true, "check that every loaded byte is what was stored")
 	fs.StringVar(&bc.progress, "progress", "auto", "progress bar on stderr: auto (when stderr is a terminal), on or off")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
@@ -146,6 +147,11 @@ func (bc *benchConfig) validate() error {
 		return fmt.Errorf("-workers must be positive")
 	case bc.objectSize > math.MaxInt/2/uint64(bc.objects):
 		return fmt.Errorf("-objects %d of %d bytes do not fit in memory", bc.objects, bc.objectSize)
+	}
+	// A source and a destination buffer of a round's objects each.
+	if need, have := 2*uint64(bc.objects)*bc.objectSize, hostMemory(); have > 0 && need > have {
+		return fmt.Errorf("-objects %d of -object-size %s need %s of host memory (a source and a destination buffer), more than this host's memory and swap (%s)",
+			bc.objects, formatBytes(bc.objectSize), humanBytes(need), humanBytes(have))
 	}
 	switch bc.progress {
 	case "auto", "on", "off":
@@ -289,6 +295,12 @@ func benchWith(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntime
 		}
 		res.LookupSeconds = append(res.LookupSeconds, took.Seconds())
 		res.LookupHits = append(res.LookupHits, held)
+		if held < bc.objects {
+			// Every object was stored: the pool evicted some to make room
+			// for the others. Ping does not say the pool's capacity.
+			return res, fmt.Errorf("round %d: the pool holds %d of the %d objects just stored: the working set (%s) exceeds what the pool keeps, so it evicted the rest; lower -objects or -object-size",
+				r+1, held, bc.objects, humanBytes(roundBytes))
+		}
 
 		describe(bar, fmt.Sprintf("round %d/%d load", r+1, bc.rounds))
 		took, err = transfer(ctx, w, loads, bc.batch, w.Load, bar, bc.objectSize)
@@ -316,16 +328,69 @@ func transfer(ctx context.Context, w *umbp.WorkerHandle, plans []umbp.BlockTrans
 	// ctx ends (Wait gives up at the job's own deadline).
 	wctx := context.WithoutCancel(ctx)
 	var errs []error
+	var refused, notInPool, other int
+	var firstOther error
 	for _, j := range jobs {
-		if err := w.Wait(wctx, j); err != nil {
+		err := w.Wait(wctx, j)
+		if err == nil {
+			if bar != nil {
+				_ = bar.Add64(int64(uint64(len(j.Keys())) * objectSize))
+			}
+			continue
+		}
+		if errors.Is(err, umbp.ErrBuffersInUse) {
 			errs = append(errs, err)
 			continue
 		}
-		if bar != nil {
-			_ = bar.Add64(int64(uint64(len(j.Keys())) * objectSize))
+		// Said once for all the keys, by what happened to them.
+		for i := range j.Keys() {
+			switch kerr := j.KeyErr(i); {
+			case kerr == nil:
+			case errors.Is(kerr, umbp.ErrRefused):
+				refused++
+			case errors.Is(kerr, umbp.ErrNotInPool):
+				notInPool++
+			default:
+				other++
+				if firstOther == nil {
+					firstOther = kerr
+				}
+			}
 		}
 	}
+	if refused > 0 {
+		errs = append(errs, fmt.Errorf("the pool refused %d of %d objects of %s: each is larger than the pool, or the pool is full of objects it cannot evict (Ping does not say its capacity); lower -object-size",
+			refused, len(plans), formatBytes(objectSize)))
+	}
+	if notInPool > 0 {
+		errs = append(errs, fmt.Errorf("%d of %d objects were not in the pool: evicted since they were stored (a working set larger than the pool?)", notInPool, len(plans)))
+	}
+	if other > 0 {
+		errs = append(errs, fmt.Errorf("%d of %d objects failed, the first: %s", other, len(plans), said(firstOther.Error())))
+	}
 	return time.Since(start), errors.Join(errs...)
+}
+
+// hostMemory returns this host's memory and swap in bytes, 0 if unknown.
+func hostMemory() uint64 {
+	var si unix.Sysinfo_t
+	if unix.Sysinfo(&si) != nil {
+		return 0
+	}
+	return (uint64(si.Totalram) + uint64(si.Totalswap)) * uint64(si.Unit)
+}
+
+// humanBytes writes n in binary units, to a tenth.
+func humanBytes(n uint64) string {
+	for _, u := range []struct {
+		name string
+		size uint64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n >= u.size {
+			return strings.TrimSuffix(fmt.Sprintf("%.1f", float64(n)/float64(u.size)), ".0") + " " + u.name
+		}
+	}
+	return fmt.Sprintf("%d B", n)
 }
 
 // fill writes round r's pattern: every 8 bytes differ within a round and

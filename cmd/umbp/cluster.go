@@ -7,13 +7,18 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
+	"math"
+	"net"
 	"os"
+	"slices"
 	"strings"
+	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/credentials"
 
+	"github.com/umbp-go/umbp-go/internal/masterconn"
 	"github.com/umbp-go/umbp-go/umbp"
 )
 
@@ -27,43 +32,87 @@ import (
 //
 // -master defaults to $UMBP_MASTER_ADDRESS. Plaintext is allowed to
 // loopback only unless -allow-plaintext; -tls-ca (and -tls-cert, -tls-key
-// for mutual TLS) give TLS. Nothing here calls RouteGet: it leases.
+// for mutual TLS) give TLS. It checks and says things as the commands on a
+// node's server do: a bad key, hash or flag is a usage error (2) before
+// anything is dialled, a master that refuses connections is said at once.
+// Nothing here calls RouteGet: it leases.
 
-func clusterFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string) error {
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: umbp cluster lookup|match|score [flags] ARGS...
-
-Ask MORI's UMBP master, as a router or a distributed scheduler would.
+const clusterAbout = `Ask MORI's UMBP master, as a router or a distributed scheduler would.
   lookup KEY...                  which keys some node holds (BatchLookup)
   lookup -tokens TOKEN...        how much of a prompt the pool holds
   match HASH... | -tokens ...    which nodes hold the leading blocks, by tier (MatchExternalKv)
   score -nodes N1,N2 HASH...     rank candidate nodes for a request
+Keys, hashes and tokens come from the arguments, or from standard input when
+there are none (or the only one is "-"). A master that refuses connections is
+said at once; one that accepts them but does not answer within -timeout (a
+stopped process?) is waited for that long.
+`
 
-Run 'umbp cluster SUBCOMMAND -h' for its flags.
-`)
+func clusterHelp(fs *flag.FlagSet) string {
+	return "usage: umbp cluster lookup|match|score [flags] ARGS...\n\n" + clusterAbout +
+		"\nflags of every subcommand (before or after it):\n" + flagHelp(fs, nil) +
+		"\nRun 'umbp help cluster SUBCOMMAND' for all the flags of one.\n"
+}
+
+// The flags each cluster subcommand takes besides the master's, for keys
+// or hashes; with -tokens, the token flags instead of those for keys only.
+// Any other is refused.
+var (
+	clusterSubFlags = map[string][]string{
+		"lookup": {"json", "q", "raw"},
+		"match":  {"json", "w-hbm", "w-dram", "w-ssd"},
+		"score":  {"json", "w-hbm", "w-dram", "w-ssd", "nodes"},
 	}
+	clusterKeysOnly = []string{"q", "raw"}
+)
+
+// What each cluster subcommand does, for its help.
+var clusterSubAbout = map[string]string{
+	"lookup": `usage: umbp cluster lookup [flags] KEY... | -tokens [flags] TOKEN...
+
+Show which keys some node holds (BatchLookup), a line per key and a summary
+as lookup prints them, or with -tokens how much of a prompt the pool holds.
+`,
+	"match": `usage: umbp cluster match [flags] HASH... | -tokens [flags] TOKEN...
+
+Show which nodes hold the request's leading blocks, by tier (MatchExternalKv;
+hits not counted).
+`,
+	"score": `usage: umbp cluster score -nodes N1,N2,... [flags] HASH... | -tokens [flags] TOKEN...
+
+Rank the candidate nodes for a request by the leading blocks each holds,
+weighed by tier.
+`,
+}
+
+func clusterFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string) error {
+	var cf clusterCommon
+	cf.register(fs, c)
 	return func(ctx context.Context, e env, args []string) error {
 		if len(args) == 0 {
 			return fmt.Errorf("%w: name a subcommand: lookup, match or score", errUsage)
 		}
 		sub, rest := args[0], args[1:]
-		switch sub {
-		case "lookup", "match", "score":
-		default:
-			return fmt.Errorf("%w: unknown subcommand %q", errUsage, sub)
+		own, ok := clusterSubFlags[sub]
+		if !ok {
+			return fmt.Errorf("%w: unknown subcommand %q: want lookup, match or score", errUsage, sub)
 		}
 		sfs := flag.NewFlagSet("umbp cluster "+sub, flag.ContinueOnError)
-		sfs.SetOutput(e.stderr)
-		var cf clusterCommon
-		cf.register(sfs)
+		share(sfs, fs)
+		var master []string
+		fs.VisitAll(func(f *flag.Flag) { master = append(master, f.Name) })
 		var kf keyerFlags
 		kf.register(sfs)
-		sfs.BoolVar(&c.verbose, "v", false, "log the client library's debug messages on stderr")
 		tokens := sfs.Bool("tokens", false, "the arguments (or standard input) are a prompt's token IDs, keyed as -ns, -seed, -algo, -topo and -groups say")
 		asJSON := sfs.Bool("json", false, "print the answer as JSON")
+		var quiet, raw *bool
 		var nodes *string
 		var w umbp.TierWeights
-		if sub != "lookup" {
+		switch sub {
+		case "lookup":
+			quiet = sfs.Bool("q", false, "keys: print only the summary, not a line per key")
+			raw = sfs.Bool("raw", false, "keys: look the keys up as they are, whatever their form; without -raw each must be a key as 'umbp key make' writes it")
+		default:
 			sfs.Float64Var(&w.HBM, "w-hbm", 1, "weight of a leading block on HBM")
 			sfs.Float64Var(&w.DRAM, "w-dram", 1, "weight of a leading block on DRAM")
 			sfs.Float64Var(&w.SSD, "w-ssd", 1, "weight of a leading block on SSD")
@@ -71,65 +120,135 @@ Run 'umbp cluster SUBCOMMAND -h' for its flags.
 		if sub == "score" {
 			nodes = sfs.String("nodes", "", "the candidate node ids, comma-separated (required)")
 		}
-		if err := sfs.Parse(rest); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil
-			}
-			return errFlagsReported
-		}
-		h, err := cf.handle(ctx, c.logger(e.stderr))
-		if err != nil {
+		allowed := append(slices.Clone(master), own...)
+		switch err := parseFlags(sfs, rest); {
+		case errors.Is(err, flag.ErrHelp):
+			return &helpText{text: clusterSubHelp(sub, sfs, append(append(slices.Clone(allowed), "tokens"), tokenFlags...))}
+		case err != nil:
 			return err
 		}
-		defer func() {
-			if err := h.Close(); err != nil {
-				fmt.Fprintln(e.stderr, "umbp cluster:", err)
-			}
-		}()
+		where := "to cluster " + sub
+		if *tokens {
+			allowed = slices.DeleteFunc(allowed, func(f string) bool { return slices.Contains(clusterKeysOnly, f) })
+			allowed = append(append(allowed, "tokens"), tokenFlags...)
+			where += " -tokens"
+		} else if sub == "lookup" {
+			where += " of keys (they key tokens: pass -tokens)"
+		} else {
+			where += " of hashes (they key tokens: pass -tokens)"
+		}
+		if err := onlyFlags(sfs, allowed, where); err != nil {
+			return err
+		}
+		c.log = c.logger(e.stderr) // -v may follow the subcommand
+
+		// Everything that can be checked here is, before the master is
+		// dialled: the flags, the address, the input.
+		if err := cf.check(); err != nil {
+			return err
+		}
 		var keys *umbp.TokenKeys
 		var items []string
+		var keyer *umbp.TokenKeyer
+		var toks []int32
 		if *tokens {
-			keyer, err := kf.keyer()
-			if err != nil {
+			var err error
+			if keyer, err = kf.keyer("cluster " + sub + " -tokens"); err != nil {
 				return err
 			}
-			toks, err := readTokens(e.stdin, sfs.Args())
-			if err != nil {
+			if toks, err = readTokens(e.stdin, sfs.Args()); err != nil {
 				return err
 			}
 			if keys, err = keyer.Keys(toks, kf.extra()); err != nil {
 				return fmt.Errorf("%w: %w", errUsage, err)
 			}
 			items = keys.Keys
-		} else if items, err = words(e.stdin, sfs.Args()); err != nil {
-			return err
+		} else {
+			var err error
+			if items, err = words(e.stdin, sfs.Args()); err != nil {
+				return err
+			}
+			if len(items) == 0 {
+				what := "keys"
+				if sub != "lookup" {
+					what = "hashes"
+				}
+				return fmt.Errorf("%w: name the %s (or pass -tokens and the prompt's tokens)", errUsage, what)
+			}
 		}
-		if len(items) == 0 {
-			return fmt.Errorf("%w: name the keys, hashes or tokens", errUsage)
-		}
-		before := h.Stats()
+		a := asker{cmd: "cluster", what: "the master", timeout: cf.timeout, open: func(ctx context.Context) (*umbp.SchedulerHandle, error) {
+			return cf.handle(ctx, c)
+		}}
 		if sub == "lookup" {
-			return clusterLookup(ctx, e, c, h, before, cf.timeout, items, keys, *asJSON)
+			if *tokens {
+				return lookupTokens(ctx, e, c, a, keyer, toks, kf, *asJSON)
+			}
+			if err := checkKeys(items, *raw); err != nil {
+				return err
+			}
+			return lookupKeys(ctx, e, c, a, items, *quiet, *asJSON)
 		}
 		req := umbp.ScoreRequest{BlockHashes: items, Weights: w}
 		if sub == "score" {
 			if *nodes == "" {
-				return fmt.Errorf("%w: -nodes is required", errUsage)
+				return fmt.Errorf("%w: -nodes is required: the candidate node ids, comma-separated", errUsage)
 			}
 			req.Candidates = strings.Split(*nodes, ",")
 		}
+		if err := checkScore(req); err != nil {
+			return err
+		}
+		h, err := a.open(ctx)
+		if err != nil {
+			return err
+		}
+		defer closeScheduler(e, a.cmd, h)
+		before := h.Stats()
 		s, err := h.Score(ctx, req)
 		if err != nil {
 			return fmt.Errorf("%w: %w", errUsage, err)
 		}
-		if err := answeredWithin(ctx, c, h, before, cf.timeout); err != nil {
+		if err := answeredWithin(ctx, c, h, before, a.what, a.timeout); err != nil {
 			return err
 		}
 		if !s.Complete {
-			return errors.New("the master's answer was incomplete (the reason is logged)")
+			why := "the library logged no reason"
+			if w := c.lib.lastWarning(); w != "" {
+				why = w
+			}
+			return fmt.Errorf("the master's answer was incomplete (%s)", why)
 		}
 		return printScores(e, s, keys, *asJSON)
 	}
+}
+
+// clusterSubHelp is the usage of one cluster subcommand, with its flags
+// only.
+func clusterSubHelp(sub string, fs *flag.FlagSet, names []string) string {
+	return clusterSubAbout[sub] + "\nflags (-ns, -seed, -algo, -topo, -groups, -hash-block-size, -lora and -salt with -tokens only):\n" + flagHelp(fs, names)
+}
+
+// checkScore refuses, as the library would once attached, a request it
+// cannot ask about, and what it would cut short without a word: a hash
+// that is empty or not UTF-8, a weight that is negative or not a number.
+func checkScore(req umbp.ScoreRequest) error {
+	if err := req.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	for i, h := range req.BlockHashes {
+		if h == "" || !utf8.ValidString(h) {
+			return fmt.Errorf("%w: hash %d (%q) is empty or not UTF-8: no master can hold it", errUsage, i, h)
+		}
+	}
+	for _, w := range []struct {
+		flag string
+		v    float64
+	}{{"-w-hbm", req.Weights.HBM}, {"-w-dram", req.Weights.DRAM}, {"-w-ssd", req.Weights.SSD}} {
+		if w.v < 0 || math.IsNaN(w.v) || math.IsInf(w.v, 0) {
+			return fmt.Errorf("%w: %s %v: want a weight of 0 or more", errUsage, w.flag, w.v)
+		}
+	}
+	return nil
 }
 
 type clusterCommon struct {
@@ -138,7 +257,7 @@ type clusterCommon struct {
 	timeout                           time.Duration
 }
 
-func (cf *clusterCommon) register(fs *flag.FlagSet) {
+func (cf *clusterCommon) register(fs *flag.FlagSet, c *common) {
 	fs.StringVar(&cf.master, "master", os.Getenv("UMBP_MASTER_ADDRESS"), "the master's host:port (default $UMBP_MASTER_ADDRESS)")
 	fs.DurationVar(&cf.timeout, "timeout", 5*time.Second, "how long to wait for the master at start, and for each call")
 	fs.BoolVar(&cf.allowPlaintext, "allow-plaintext", false, "allow plaintext to a master that is not on loopback (anyone on the path can read and forge)")
@@ -146,13 +265,39 @@ func (cf *clusterCommon) register(fs *flag.FlagSet) {
 	fs.StringVar(&cf.cert, "tls-cert", "", "PEM client certificate, for mutual TLS (with -tls-key)")
 	fs.StringVar(&cf.key, "tls-key", "", "PEM client key, for mutual TLS")
 	fs.StringVar(&cf.serverName, "tls-server-name", "", "the name the master's certificate must hold (default: the host of -master)")
+	fs.BoolVar(&c.verbose, "v", false, "show the client library's log on stderr, debug messages included (without -v it shows none)")
+}
+
+// check refuses, as a usage error, a master address or TLS flags that
+// cannot work, naming the flag that fixes each.
+func (cf *clusterCommon) check() error {
+	if cf.master == "" {
+		return fmt.Errorf("%w: -master (or $UMBP_MASTER_ADDRESS) is required: the master's host:port", errUsage)
+	}
+	if cf.timeout <= 0 {
+		return fmt.Errorf("%w: -timeout must be positive", errUsage)
+	}
+	if strings.Contains(cf.master, "://") || strings.HasPrefix(cf.master, "/") {
+		return fmt.Errorf("%w: -master %s is not host:port: MORI's master listens on TCP; a unix socket is a node's server, which 'umbp lookup -endpoint %s' asks", errUsage, cf.master, cf.master)
+	}
+	if cf.ca == "" && (cf.cert != "" || cf.key != "") {
+		return fmt.Errorf("%w: -tls-cert and -tls-key need -tls-ca", errUsage)
+	}
+	if (cf.cert == "") != (cf.key == "") {
+		return fmt.Errorf("%w: -tls-cert and -tls-key go together", errUsage)
+	}
+	err := masterconn.CheckAddress(cf.master, cf.ca == "", cf.allowPlaintext)
+	switch {
+	case errors.Is(err, masterconn.ErrPlaintext):
+		return fmt.Errorf("%w: -master %s is not on loopback, and MORI's master speaks plaintext TCP without authentication (anyone on the path can read the prompts' keys and forge the answers): give -tls-ca for TLS, or pass -allow-plaintext", errUsage, cf.master)
+	case err != nil:
+		return fmt.Errorf("%w: -master %s: %w", errUsage, cf.master, err)
+	}
+	return nil
 }
 
 func (cf *clusterCommon) creds() (credentials.TransportCredentials, error) {
 	if cf.ca == "" {
-		if cf.cert != "" || cf.key != "" {
-			return nil, fmt.Errorf("%w: -tls-cert and -tls-key need -tls-ca", errUsage)
-		}
 		return nil, nil
 	}
 	pem, err := os.ReadFile(cf.ca)
@@ -174,72 +319,54 @@ func (cf *clusterCommon) creds() (credentials.TransportCredentials, error) {
 	return credentials.NewTLS(cfg), nil
 }
 
-func (cf *clusterCommon) handle(ctx context.Context, log *slog.Logger) (*umbp.SchedulerHandle, error) {
-	if cf.master == "" {
-		return nil, fmt.Errorf("%w: -master (or $UMBP_MASTER_ADDRESS) is required", errUsage)
+// reachable returns at once, as an error in words, what keeps the master
+// from answering now: no process listening at its address (refused), or
+// an address that cannot be reached. The library would wait up to
+// -timeout; the tool asks about the master that runs. It connects and
+// closes at once, sending nothing.
+func (cf *clusterCommon) reachable(ctx context.Context) error {
+	d := net.Dialer{Timeout: cf.timeout}
+	conn, err := d.DialContext(ctx, "tcp", cf.master)
+	var dnsErr *net.DNSError
+	switch {
+	case err == nil:
+		_ = conn.Close()
+		return nil
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Errorf("no master listens on %s (connection refused): start it, or name it with -master (or $UMBP_MASTER_ADDRESS)", cf.master)
+	case errors.As(err, &dnsErr):
+		return fmt.Errorf("cannot resolve the master's host in -master %s: %v", cf.master, dnsErr)
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("the master at %s did not accept a connection within %v (-timeout): a wrong address, or a network that drops the packets?", cf.master, cf.timeout)
+	case ctx.Err() != nil:
+		return fmt.Errorf("interrupted: %w", ctx.Err())
 	}
-	if cf.timeout <= 0 {
-		return nil, fmt.Errorf("%w: -timeout must be positive", errUsage)
-	}
+	return fmt.Errorf("cannot reach the master at %s: %w", cf.master, err)
+}
+
+// handle checks that the master can be reached and attaches a scheduler
+// handle to it.
+func (cf *clusterCommon) handle(ctx context.Context, c *common) (*umbp.SchedulerHandle, error) {
 	creds, err := cf.creds()
 	if err != nil {
 		return nil, err
 	}
-	cfg := umbp.ClusterConfig{
+	if err := cf.reachable(ctx); err != nil {
+		return nil, err
+	}
+	rt, err := umbp.NewClusterRuntime(umbp.ClusterConfig{
 		Master: cf.master, TransportCredentials: creds, AllowPlaintext: cf.allowPlaintext,
 		LookupTimeout: cf.timeout, Timeout: cf.timeout, StartupTimeout: cf.timeout,
-		LoadFailureQuarantine: -1, Logger: log,
-	}
-	rt, err := umbp.NewClusterRuntime(cfg)
+		LoadFailureQuarantine: -1, Logger: c.log,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
-	return rt.NewSchedulerHandle(ctx)
-}
-
-type clusterLookupAnswer struct {
-	Keys       []keyAnswer `json:"keys,omitempty"`
-	Held       int         `json:"held"`
-	Leading    int         `json:"leading"`
-	HeldTokens *int        `json:"held_tokens,omitempty"`
-}
-
-func clusterLookup(ctx context.Context, e env, c *common, h *umbp.SchedulerHandle, before umbp.Stats, timeout time.Duration, keys []string, tk *umbp.TokenKeys, asJSON bool) error {
-	hits := h.Lookup(ctx, keys)
-	if err := answeredWithin(ctx, c, h, before, timeout); err != nil {
-		return err
+	h, err := rt.NewSchedulerHandle(ctx)
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		return nil, fmt.Errorf("the master at %s accepts connections but did not answer within %v (-timeout): a stopped process, or not a UMBP master?", cf.master, cf.timeout)
 	}
-	var ans clusterLookupAnswer
-	for i, k := range keys {
-		if hits[i] {
-			ans.Held++
-		}
-		if ans.Leading == i && hits[i] {
-			ans.Leading++
-		}
-		if tk == nil {
-			ans.Keys = append(ans.Keys, keyAnswer{Key: k, Held: hits[i]})
-		}
-	}
-	if tk != nil {
-		t := tk.Tokens(ans.Leading)
-		ans.HeldTokens = &t
-	}
-	if asJSON {
-		return printJSON(e, ans)
-	}
-	for _, k := range ans.Keys {
-		mark := "-"
-		if k.Held {
-			mark = "held"
-		}
-		fmt.Fprintf(e.stdout, "%-4s  %s\n", mark, k.Key)
-	}
-	fmt.Fprintf(e.stdout, "%d of %d keys held, the leading %d\n", ans.Held, len(keys), ans.Leading)
-	if ans.HeldTokens != nil {
-		fmt.Fprintf(e.stdout, "held      %d tokens of the prompt\n", *ans.HeldTokens)
-	}
-	return nil
+	return h, err
 }
 
 type scoreAnswer struct {

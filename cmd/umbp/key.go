@@ -16,41 +16,60 @@ import (
 	"github.com/umbp-go/umbp-go/umbp/vllmhash"
 )
 
-func keyFlags(fs *flag.FlagSet, _ *common) func(context.Context, env, []string) error {
-	var kf keyerFlags
-	kf.register(fs)
-	group := fs.Int("group", 0, "make: the KV cache group")
-	asJSON := fs.Bool("json", false, "parse: print each key's parts as a JSON object")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage:
-  umbp key make   [-ns NS] [-topo tp=R/S,...] [-group G] HASH...
-  umbp key parse  [-json] KEY...
-  umbp key tokens -ns NS -seed SEED [-algo A] [-topo tp=S,...] [-groups ID:BS,...] [TOKEN... | -]
+// The flags each key subcommand takes; any other is refused.
+var keySubFlags = map[string][]string{
+	"make":   {"ns", "topo", "group"},
+	"parse":  {"json"},
+	"tokens": {"ns", "seed", "algo", "topo", "groups", "hash-block-size", "lora", "salt"},
+}
 
-make writes the key of each block hash (hex) for one rank; parse decodes keys
+const keyUsage = `usage:
+  umbp key make   [-ns NS] [-topo tp=RANK/SIZE,...] [-group G] HASH...
+  umbp key parse  [-json] KEY...
+  umbp key tokens -ns NS -seed SEED [-algo A] [-topo tp=SIZE,...] [-groups ID:BS,...] [TOKEN... | -]
+`
+
+const keyAbout = `make writes the key of each block hash (hex) for one rank; parse decodes keys
 (each invalid key is reported, the others decoded); tokens writes the keys
 vLLM's UMBP connector stores a prompt's full blocks under, every rank of
 every group, in the order a prefix lookup asks for them. Hashes, keys and
 tokens come from the arguments, or from standard input when there are none
 (or the only one is "-"); tokens may be separated by spaces, commas or
 newlines, and brackets are ignored, so a JSON array of token IDs works.
-A bad hash, key, namespace or token is a usage error (status 2).
+-topo names one rank as NAME=RANK/SIZE (make) or the engine's sizes as
+NAME=SIZE (tokens); each subcommand refuses the other form and the flags it
+does not take. A bad hash, key, namespace or token is a usage error
+(status 2).
+`
 
-flags:
-`)
-		fs.PrintDefaults()
-	}
+func keyHelp(fs *flag.FlagSet) string {
+	return keyUsage + "\n" + keyAbout + "\nflags:\n" + flagHelp(fs, nil) +
+		"\nRun 'umbp help key SUBCOMMAND' for the flags of one.\n"
+}
+
+func keyFlags(fs *flag.FlagSet, _ *common) func(context.Context, env, []string) error {
+	var kf keyerFlags
+	kf.register(fs)
+	group := fs.Int("group", 0, "make: the KV cache group")
+	asJSON := fs.Bool("json", false, "parse: print each key's parts as a JSON object")
 	return func(_ context.Context, e env, args []string) error {
 		if len(args) == 0 {
 			return fmt.Errorf("%w: name a subcommand: make, parse or tokens", errUsage)
 		}
 		sub, args := args[0], args[1:]
+		names, ok := keySubFlags[sub]
+		if !ok {
+			return fmt.Errorf("%w: unknown subcommand %q: want make, parse or tokens", errUsage, sub)
+		}
 		// Flags may also follow the subcommand.
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil // the usage is printed
-			}
-			return errFlagsReported
+		switch err := parseFlags(fs, args); {
+		case errors.Is(err, flag.ErrHelp):
+			return &helpText{text: keySubHelp(sub, fs)}
+		case err != nil:
+			return err
+		}
+		if err := onlyFlags(fs, names, "to key "+sub); err != nil {
+			return err
 		}
 		args = fs.Args()
 		switch sub {
@@ -58,15 +77,28 @@ flags:
 			return keyMake(e, &kf, *group, args)
 		case "parse":
 			return keyParse(e, *asJSON, args)
-		case "tokens":
-			return keyTokens(e, &kf, args)
 		}
-		return fmt.Errorf("%w: unknown subcommand %q: want make, parse or tokens", errUsage, sub)
+		return keyTokens(e, &kf, args)
 	}
 }
 
+// keySubHelp is the usage of one key subcommand, with its flags only.
+func keySubHelp(sub string, fs *flag.FlagSet) string {
+	var synopsis string
+	for l := range strings.Lines(keyUsage) {
+		if strings.HasPrefix(strings.TrimSpace(l), "umbp key "+sub+" ") {
+			synopsis = strings.Join(strings.Fields(l), " ")
+		}
+	}
+	return "usage: " + synopsis + "\n\n" + keyAbout + "\nflags:\n" + flagHelp(fs, keySubFlags[sub])
+}
+
 func keyMake(e env, kf *keyerFlags, group int, args []string) error {
-	codec, err := umbp.NewKeyCodec(kf.namespace, kf.topo.RankTopology)
+	topo, err := kf.topo.rank("key make")
+	if err != nil {
+		return err
+	}
+	codec, err := umbp.NewKeyCodec(kf.namespace, topo)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
@@ -129,7 +161,7 @@ func keyParse(e env, asJSON bool, args []string) error {
 }
 
 func keyTokens(e env, kf *keyerFlags, args []string) error {
-	keyer, err := kf.keyer()
+	keyer, err := kf.keyer("key tokens")
 	if err != nil {
 		return err
 	}
@@ -158,7 +190,7 @@ type keyerFlags struct {
 
 func (kf *keyerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&kf.namespace, "ns", "", "the connector's key namespace")
-	fs.Var(&kf.topo, "topo", "the rank (make: NAME=RANK/SIZE) or the engine's sizes (tokens: NAME=SIZE), NAMEs tp, pcp, dcp, pp, comma-separated; unnamed ones are 0/1")
+	fs.Var(&kf.topo, "topo", "one rank as NAME=RANK/SIZE (key make), or the engine's sizes as NAME=SIZE (the keys of every rank: tokens); NAMEs tp, pcp, dcp, pp, comma-separated; unnamed ones are rank 0 of 1")
 	fs.StringVar(&kf.seed, "seed", "", "tokens: the engines' PYTHONHASHSEED (required: without it vLLM's keys are random per process)")
 	fs.StringVar(&kf.algo, "algo", "sha256", "tokens: the engines' --prefix-caching-hash-algo: sha256, sha256_cbor, xxhash or xxhash_cbor")
 	fs.Var(&kf.groups, "groups", "tokens: the prefix-cacheable KV cache groups as ID:BLOCK_SIZE, comma-separated (default 0:16)")
@@ -171,8 +203,16 @@ func (kf *keyerFlags) extra() vllmhash.ExtraKeys {
 	return vllmhash.ExtraKeys{LoRAName: kf.lora, CacheSalt: kf.salt}
 }
 
-// keyer builds the token keyer the flags describe.
-func (kf *keyerFlags) keyer() (*umbp.TokenKeyer, error) {
+// tokenFlags are the flags that say how tokens are keyed: only commands
+// that key tokens take them.
+var tokenFlags = []string{"ns", "seed", "algo", "topo", "groups", "hash-block-size", "lora", "salt"}
+
+// keyer builds the token keyer the flags describe, for the command where.
+func (kf *keyerFlags) keyer(where string) (*umbp.TokenKeyer, error) {
+	topo, err := kf.topo.sizes(where)
+	if err != nil {
+		return nil, err
+	}
 	if kf.seed == "" {
 		return nil, fmt.Errorf("%w: -seed is required: the engines' PYTHONHASHSEED", errUsage)
 	}
@@ -190,7 +230,7 @@ func (kf *keyerFlags) keyer() (*umbp.TokenKeyer, error) {
 	}
 	k, err := umbp.NewTokenKeyer(umbp.TokenKeyConfig{
 		Namespace:     kf.namespace,
-		Topology:      kf.topo.RankTopology,
+		Topology:      topo,
 		Groups:        groups,
 		HashBlockSize: kf.hashBlockSize,
 		Hasher:        hasher,
@@ -201,20 +241,38 @@ func (kf *keyerFlags) keyer() (*umbp.TokenKeyer, error) {
 	return k, nil
 }
 
-// topoFlag is a RankTopology written as "tp=1/2,pp=0/2"; a value without a
-// slash is a size, rank 0.
-type topoFlag struct{ umbp.RankTopology }
+// topoFlag is a RankTopology as -topo writes it, in one of two forms that
+// mean the same everywhere: one rank, every dimension as NAME=RANK/SIZE
+// ("tp=1/2,pp=0/2"), or the engine's sizes, every dimension as NAME=SIZE
+// ("tp=2"). A command that needs the other form refuses it.
+type topoFlag struct {
+	umbp.RankTopology
+	form topoForm
+	text string // as given
+}
+
+type topoForm int
+
+const (
+	topoUnset topoForm = iota
+	topoRank
+	topoSizes
+)
 
 func (t *topoFlag) String() string {
 	if t == nil {
 		return ""
 	}
 	n := t.Normalized()
+	if t.form == topoSizes {
+		return fmt.Sprintf("tp=%d,pcp=%d,dcp=%d,pp=%d", n.TPSize, n.PCPSize, n.DCPSize, n.PPSize)
+	}
 	return fmt.Sprintf("tp=%d/%d,pcp=%d/%d,dcp=%d/%d,pp=%d/%d", n.TPRank, n.TPSize, n.PCPRank, n.PCPSize, n.DCPRank, n.DCPSize, n.PPRank, n.PPSize)
 }
 
 func (t *topoFlag) Set(v string) error {
 	var topo umbp.RankTopology
+	form := topoUnset
 	for f := range strings.SplitSeq(v, ",") {
 		f = strings.TrimSpace(f)
 		if f == "" {
@@ -225,8 +283,10 @@ func (t *topoFlag) Set(v string) error {
 			return fmt.Errorf("%q: want NAME=RANK/SIZE or NAME=SIZE", f)
 		}
 		rank, size := 0, 0
+		this := topoSizes
 		var err error
 		if r, s, ok := strings.Cut(val, "/"); ok {
+			this = topoRank
 			if rank, err = strconv.Atoi(r); err == nil {
 				size, err = strconv.Atoi(s)
 			}
@@ -236,6 +296,10 @@ func (t *topoFlag) Set(v string) error {
 		if err != nil {
 			return fmt.Errorf("%q: %w", f, err)
 		}
+		if form != topoUnset && form != this {
+			return fmt.Errorf("%q: write every dimension as NAME=RANK/SIZE (one rank) or every one as NAME=SIZE (the engine's sizes), not both", v)
+		}
+		form = this
 		switch strings.ToLower(name) {
 		case "tp":
 			topo.TPRank, topo.TPSize = rank, size
@@ -252,8 +316,29 @@ func (t *topoFlag) Set(v string) error {
 	if err := topo.Validate(); err != nil {
 		return err
 	}
-	t.RankTopology = topo
+	t.RankTopology, t.form, t.text = topo, form, v
 	return nil
+}
+
+// rank returns the one rank that -topo names, for where, which writes one
+// rank's keys: sizes alone are refused.
+func (t *topoFlag) rank(where string) (umbp.RankTopology, error) {
+	if t.form == topoSizes {
+		return umbp.RankTopology{}, fmt.Errorf("%w: -topo %s gives sizes (NAME=SIZE), but %s writes the keys of one rank: name it as NAME=RANK/SIZE (tp=1/2 is rank 1 of 2)",
+			errUsage, t.text, where)
+	}
+	return t.RankTopology, nil
+}
+
+// sizes returns the engine's sizes that -topo gives, for where, which keys
+// every rank: a rank is refused.
+func (t *topoFlag) sizes(where string) (umbp.RankTopology, error) {
+	if t.form == topoRank {
+		n := t.Normalized()
+		return umbp.RankTopology{}, fmt.Errorf("%w: -topo %s names a rank (NAME=RANK/SIZE), but %s keys every rank of the engine: give its sizes as NAME=SIZE (tp=%d)",
+			errUsage, t.text, where, n.TPSize)
+	}
+	return t.RankTopology, nil
 }
 
 // groupsFlag is a list of KV cache groups written as "0:16,1:32".

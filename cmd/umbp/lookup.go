@@ -12,6 +12,12 @@ import (
 	"github.com/umbp-go/umbp-go/umbp"
 )
 
+// The flags lookup takes for keys, and with -tokens; any other is refused.
+var (
+	lookupKeyFlags   = []string{"endpoint", "timeout", "trust-uid", "v", "json", "q", "raw"}
+	lookupTokenFlags = append([]string{"endpoint", "timeout", "trust-uid", "v", "json", "tokens"}, tokenFlags...)
+)
+
 func lookupFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string) error {
 	c.register(fs, 5*time.Second, "how long to wait for the server to answer at start, and for each lookup")
 	var kf keyerFlags
@@ -21,12 +27,19 @@ func lookupFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []strin
 	raw := fs.Bool("raw", false, "keys: look the keys up as they are, whatever their form (keys other clients store, such as bench -suite's); without -raw each must be a key as 'umbp key make' writes it")
 	asJSON := fs.Bool("json", false, "print the answer as JSON")
 	return func(ctx context.Context, e env, args []string) error {
+		a := asker{cmd: "lookup", what: "the server", timeout: c.timeout, open: func(ctx context.Context) (*umbp.SchedulerHandle, error) {
+			rt, err := c.runtime()
+			if err != nil {
+				return nil, err
+			}
+			return scheduler(ctx, rt)
+		}}
 		// The input is checked before the server is asked.
 		if *tokens {
-			if *raw {
-				return fmt.Errorf("%w: -raw is for keys, not -tokens", errUsage)
+			if err := onlyFlags(fs, lookupTokenFlags, "with -tokens"); err != nil {
+				return err
 			}
-			keyer, err := kf.keyer()
+			keyer, err := kf.keyer("lookup -tokens")
 			if err != nil {
 				return err
 			}
@@ -34,11 +47,10 @@ func lookupFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []strin
 			if err != nil {
 				return err
 			}
-			rt, err := c.runtime()
-			if err != nil {
-				return err
-			}
-			return lookupTokens(ctx, e, c, rt, keyer, toks, kf, *asJSON)
+			return lookupTokens(ctx, e, c, a, keyer, toks, kf, *asJSON)
+		}
+		if err := onlyFlags(fs, lookupKeyFlags, "to keys (they key tokens: pass -tokens)"); err != nil {
+			return err
 		}
 		keys, err := words(e.stdin, args)
 		if err != nil {
@@ -50,12 +62,18 @@ func lookupFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []strin
 		if err := checkKeys(keys, *raw); err != nil {
 			return err
 		}
-		rt, err := c.runtime()
-		if err != nil {
-			return err
-		}
-		return lookupKeys(ctx, e, c, rt, keys, *quiet, *asJSON)
+		return lookupKeys(ctx, e, c, a, keys, *quiet, *asJSON)
 	}
+}
+
+// asker is what a lookup asks: a node's server (lookup) or MORI's master
+// (cluster lookup), through a scheduler handle either way.
+type asker struct {
+	cmd     string        // the command, for the line Close may print
+	what    string        // "the server" or "the master"
+	timeout time.Duration // each call's bound
+	// open checks what it can at once and attaches a scheduler handle.
+	open func(ctx context.Context) (*umbp.SchedulerHandle, error)
 }
 
 // checkKeys returns a usage error for the keys that are not keys: without
@@ -90,9 +108,9 @@ func scheduler(ctx context.Context, rt *umbp.StandaloneRuntime) (*umbp.Scheduler
 
 // closeScheduler closes h; a handle left open (a lookup the server never
 // answered) is worth a line, not a failure.
-func closeScheduler(e env, h *umbp.SchedulerHandle) {
+func closeScheduler(e env, cmd string, h *umbp.SchedulerHandle) {
 	if err := h.Close(); err != nil {
-		fmt.Fprintln(e.stderr, "umbp lookup:", err)
+		fmt.Fprintf(e.stderr, "umbp %s: %s\n", cmd, said(err.Error()))
 	}
 }
 
@@ -101,17 +119,17 @@ func closeScheduler(e env, h *umbp.SchedulerHandle) {
 // not the pool's answer. The library tells why a lookup failed only in its
 // log: the error quotes its last warning.
 func answered(ctx context.Context, c *common, h *umbp.SchedulerHandle, before umbp.Stats) error {
-	return answeredWithin(ctx, c, h, before, c.timeout)
+	return answeredWithin(ctx, c, h, before, "the server", c.timeout)
 }
 
-// answeredWithin is answered for a call bounded by timeout.
-func answeredWithin(ctx context.Context, c *common, h *umbp.SchedulerHandle, before umbp.Stats, timeout time.Duration) error {
+// answeredWithin is answered for a call to what bounded by timeout.
+func answeredWithin(ctx context.Context, c *common, h *umbp.SchedulerHandle, before umbp.Stats, what string, timeout time.Duration) error {
 	after := h.Stats()
 	switch {
 	case ctx.Err() != nil:
 		return fmt.Errorf("lookup interrupted: %w", ctx.Err())
 	case after.Lookups.Timeouts > before.Lookups.Timeouts:
-		return fmt.Errorf("the server did not answer within %v: its answers are not the pool's", timeout)
+		return fmt.Errorf("%s did not answer within %v (-timeout): its answers are not the pool's", what, timeout)
 	case after.Lookups.Failures > before.Lookups.Failures:
 		why := "the library logged no reason"
 		if w := c.lib.lastWarning(); w != "" {
@@ -150,17 +168,17 @@ func printJSON(e env, v any) error {
 	return enc.Encode(v)
 }
 
-func lookupKeys(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntime, keys []string, quiet, asJSON bool) error {
-	h, err := scheduler(ctx, rt)
+func lookupKeys(ctx context.Context, e env, c *common, a asker, keys []string, quiet, asJSON bool) error {
+	h, err := a.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer closeScheduler(e, h)
+	defer closeScheduler(e, a.cmd, h)
 	before := h.Stats()
 	start := time.Now()
 	hits := h.Lookup(ctx, keys)
 	took := time.Since(start)
-	if err := answered(ctx, c, h, before); err != nil {
+	if err := answeredWithin(ctx, c, h, before, a.what, a.timeout); err != nil {
 		return err
 	}
 	ans := keysAnswer{Keys: make([]keyAnswer, len(keys)), Seconds: took.Seconds()}
@@ -189,7 +207,7 @@ func lookupKeys(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntim
 	return nil
 }
 
-func lookupTokens(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntime, keyer *umbp.TokenKeyer, tokens []int32, kf keyerFlags, asJSON bool) error {
+func lookupTokens(ctx context.Context, e env, c *common, a asker, keyer *umbp.TokenKeyer, tokens []int32, kf keyerFlags, asJSON bool) error {
 	keys, err := keyer.Keys(tokens, kf.extra())
 	if err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
@@ -202,14 +220,14 @@ func lookupTokens(ctx context.Context, e env, c *common, rt *umbp.StandaloneRunt
 			return fmt.Errorf("%w: %w", errUsage, err)
 		}
 	}
-	h, err := scheduler(ctx, rt)
+	h, err := a.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer closeScheduler(e, h)
+	defer closeScheduler(e, a.cmd, h)
 	before := h.Stats()
 	n := h.LookupPrefix(ctx, keys.Keys)
-	if err := answered(ctx, c, h, before); err != nil {
+	if err := answeredWithin(ctx, c, h, before, a.what, a.timeout); err != nil {
 		return err
 	}
 	ans := tokensAnswer{Tokens: len(tokens), Keys: len(keys.Keys), HeldKeys: n, HeldTokens: keys.Tokens(n)}

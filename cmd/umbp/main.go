@@ -69,10 +69,6 @@ const (
 // errUsage marks an error in how the command was called.
 var errUsage = errors.New("usage")
 
-// errFlagsReported is a usage error that a flag set has already printed,
-// with the command's usage.
-var errFlagsReported = errors.New("flags: reported")
-
 // env is what a command runs with: its streams and the context that a
 // signal cancels.
 type env struct {
@@ -87,16 +83,19 @@ type command struct {
 	// flags adds the command's own flags and returns the function that runs
 	// it with the remaining arguments.
 	flags func(fs *flag.FlagSet, c *common) func(ctx context.Context, e env, args []string) error
+	// help is the command's usage text, flags included; nil for the
+	// synopsis, the summary and every flag.
+	help func(fs *flag.FlagSet) string
 }
 
 func commands() []command {
 	return []command{
-		{"ping", "", "check that the server answers, and show what it offers", pingFlags},
-		{"lookup", "[KEY... | -tokens TOKEN...]  (none, or \"-\": read standard input)", "show which keys, or how much of a prompt, the pool holds", lookupFlags},
-		{"key", "make|parse|tokens ...", "make keys from block hashes or tokens, or decode keys", keyFlags},
-		{"clear", "-yes", "drop every object in the pool (every engine's KV)", clearFlags},
-		{"bench", "", "measure store and load throughput through a worker handle", benchFlags},
-		{"cluster", "lookup|match|score ...", "ask MORI's UMBP master which nodes hold what (cluster.go)", clusterFlags},
+		{"ping", "", "check that the server answers, and show what it offers", pingFlags, nil},
+		{"lookup", "[KEY... | -tokens TOKEN...]  (none, or \"-\": read standard input)", "show which keys, or how much of a prompt, the pool holds", lookupFlags, nil},
+		{"key", "make|parse|tokens ...", "make keys from block hashes or tokens, or decode keys", keyFlags, keyHelp},
+		{"clear", "-yes", "drop every object in the pool (every engine's KV)", clearFlags, nil},
+		{"bench", "", "measure store and load throughput through a worker handle", benchFlags, nil},
+		{"cluster", "lookup|match|score ...", "ask MORI's UMBP master which nodes hold what", clusterFlags, clusterHelp},
 	}
 }
 
@@ -108,55 +107,57 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return exitUsage
 	}
 	name, rest := args[0], args[1:]
-	help := false
 	switch name {
 	case "help", "-h", "-help", "--help":
 		if len(rest) == 0 {
 			usage(stdout)
 			return exitOK
 		}
-		name, rest, help = rest[0], []string{"-h"}, true
+		// umbp help CMD [SUB] is umbp CMD [SUB] -h.
+		name, rest = rest[0], append(slices.Clone(rest[1:]), "-h")
 	}
 	for _, cmd := range commands() {
 		if cmd.name != name {
 			continue
 		}
 		fs := flag.NewFlagSet("umbp "+cmd.name, flag.ContinueOnError)
-		fs.SetOutput(stderr)
-		if help {
-			fs.SetOutput(stdout)
-		}
-		fs.Usage = func() {
-			fmt.Fprintf(fs.Output(), "usage: umbp %s [flags] %s\n\n%s.\n\nflags:\n", cmd.name, cmd.args, cmd.summary)
-			fs.PrintDefaults()
-		}
 		c := &common{}
-		runCmd := cmd.flags(fs, c) // may replace fs.Usage
-		if err := fs.Parse(rest); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return exitOK
-			}
-			return exitUsage
+		runCmd := cmd.flags(fs, c)
+		err := parseFlags(fs, rest)
+		if errors.Is(err, flag.ErrHelp) {
+			err = &helpText{text: commandHelp(cmd, fs)}
 		}
-		c.log = c.logger(stderr)
-		err := runCmd(ctx, e, fs.Args())
+		if err == nil {
+			c.log = c.logger(stderr)
+			err = runCmd(ctx, e, fs.Args())
+		}
+		var help *helpText
 		switch {
 		case err == nil:
 			return exitOK
-		case errors.Is(err, errFlagsReported):
-			return exitUsage
+		case errors.As(err, &help):
+			fmt.Fprint(stdout, help.text)
+			return exitOK
 		case errors.Is(err, errUsage):
-			fmt.Fprintf(stderr, "umbp %s: %s\n", cmd.name, said(strings.TrimPrefix(err.Error(), errUsage.Error()+": ")))
+			fmt.Fprintf(stderr, "umbp %s: %s\n", cmd.name, inFlagWords(err))
 			fmt.Fprintf(stderr, "run 'umbp help %s' for its flags\n", cmd.name)
 			return exitUsage
 		default:
-			fmt.Fprintf(stderr, "umbp %s: %s\n", cmd.name, said(err.Error()))
+			fmt.Fprintf(stderr, "umbp %s: %s\n", cmd.name, inFlagWords(err))
 			return exitFail
 		}
 	}
 	fmt.Fprintf(stderr, "umbp: unknown command %q\n", name)
 	usage(stderr)
 	return exitUsage
+}
+
+// commandHelp is cmd's usage text.
+func commandHelp(cmd command, fs *flag.FlagSet) string {
+	if cmd.help != nil {
+		return cmd.help(fs)
+	}
+	return fmt.Sprintf("usage: umbp %s [flags] %s\n\n%s.\n\nflags:\n%s", cmd.name, cmd.args, cmd.summary, flagHelp(fs, nil))
 }
 
 func usage(w io.Writer) {
@@ -168,7 +169,8 @@ func usage(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Commands that talk to a server take -endpoint (default $UMBP_ENDPOINT, else")
-	fmt.Fprintln(w, "unix:///run/umbp/standalone/<$UMBP_NODE_ID or node0>.grpc.sock) and -timeout.")
+	fmt.Fprintln(w, "unix:///run/umbp/standalone/<$UMBP_NODE_ID or node0>.grpc.sock) and -timeout;")
+	fmt.Fprintln(w, "cluster takes -master (default $UMBP_MASTER_ADDRESS).")
 	fmt.Fprintln(w, "Run 'umbp help COMMAND' for a command's flags.")
 }
 
@@ -313,6 +315,8 @@ func listening(endpoint string) error {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return fmt.Errorf("no server socket at %s: start the server, or name its socket with -endpoint (or $UMBP_ENDPOINT)", path)
+	case errors.Is(err, fs.ErrPermission):
+		return fmt.Errorf("server socket: %w (a server's socket and its directory admit only the server's user and root)", err)
 	case err != nil:
 		return fmt.Errorf("server socket: %w", err)
 	case fi.Mode().Type() != fs.ModeSocket:
@@ -324,7 +328,7 @@ func listening(endpoint string) error {
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return fmt.Errorf("no server listens on %s (a socket left by a server that exited?): start the server", path)
 	case errors.Is(err, fs.ErrPermission):
-		return fmt.Errorf("server socket: %w", err)
+		return fmt.Errorf("server socket: %w (a server's socket and its directory admit only the server's user and root)", err)
 	}
 	if err == nil {
 		_ = c.Close()

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -294,7 +295,7 @@ func TestLookupNotAKey(t *testing.T) {
 	_, stderr := mustRun(t, exitUsage, "", "lookup", "-endpoint", srv.Endpoint(), "-raw", "a\xffb")
 	mustContain(t, "lookup -raw", stderr, "not valid UTF-8")
 	_, stderr = mustRun(t, exitUsage, "", "lookup", "-endpoint", srv.Endpoint(), "-raw", "-tokens", "-ns", "m", "-seed", "0", "1")
-	mustContain(t, "lookup -raw -tokens", stderr, "-raw is for keys")
+	mustContain(t, "lookup -raw -tokens", stderr, "-raw does not apply with -tokens")
 }
 
 func TestLookupStalled(t *testing.T) {
@@ -509,11 +510,15 @@ func TestBenchText(t *testing.T) {
 	mustRun(t, exitUsage, "", "bench", "-endpoint", srv.Endpoint(), "-progress", "sometimes")
 }
 
-// A pool smaller than a round: the store is refused, and bench says so.
+// An object larger than the pool: the store is refused, and bench says so
+// once for every key.
 func TestBenchPoolFull(t *testing.T) {
 	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 1 << 20})
-	_, stderr := mustRun(t, exitFail, "", "bench", "-endpoint", srv.Endpoint(), "-objects", "1", "-object-size", "2MiB", "-rounds", "1")
-	mustContain(t, "bench", stderr, "round 1: store:")
+	_, stderr := mustRun(t, exitFail, "", "bench", "-endpoint", srv.Endpoint(), "-objects", "2", "-object-size", "2MiB", "-rounds", "1")
+	mustContain(t, "bench", stderr, "round 1: store: the pool refused 2 of 2 objects of 2 MiB: each is larger than the pool")
+	if strings.Count(stderr, "\n") != 1 {
+		t.Errorf("bench: not one line:\n%s", stderr)
+	}
 }
 
 // A stalled server: the store blocks past its deadline and bench ends,
@@ -524,4 +529,158 @@ func TestBenchStalled(t *testing.T) {
 	_, stderr := mustRun(t, exitFail, "", "bench", "-endpoint", srv.Endpoint(), "-objects", "2", "-object-size", "4KiB", "-rounds", "1", "-timeout", "1s")
 	mustContain(t, "bench", stderr, "round 1: store:", "buffers still in use")
 	srv.Resume()
+}
+
+// umbp help lists the commands by what they do, and names no file.
+func TestHelpNamesNoFiles(t *testing.T) {
+	stdout, _ := mustRun(t, exitOK, "", "help")
+	mustContain(t, "help", stdout, "cluster ask MORI's UMBP master which nodes hold what\n")
+	if strings.Contains(stdout, ".go") {
+		t.Errorf("help names a file:\n%s", stdout)
+	}
+}
+
+// goField matches a Go field of the library's configurations or of the
+// server's options, as the library's messages name them.
+var goField = regexp.MustCompile(`\b(?:Cluster)?Config\.[A-Z]|\bOptions\.[A-Z]`)
+
+// No help text names a Go field: each names the flag.
+func TestHelpNamesFlagsNotFields(t *testing.T) {
+	for _, args := range [][]string{
+		{"help"}, {"help", "ping"}, {"help", "lookup"}, {"help", "key"}, {"help", "key", "make"}, {"help", "key", "tokens"},
+		{"help", "clear"}, {"help", "bench"}, {"help", "cluster"}, {"help", "cluster", "lookup"}, {"help", "cluster", "match"}, {"help", "cluster", "score"},
+	} {
+		stdout, _ := mustRun(t, exitOK, "", args...)
+		if m := goField.FindString(stdout); m != "" {
+			t.Errorf("umbp %s names %s:\n%s", strings.Join(args, " "), m, stdout)
+		}
+	}
+}
+
+// A bad flag value is one line and a pointer to help, for every command,
+// not the command's whole help.
+func TestBadFlagOneLine(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"key", "make", "-topo", "tp=x", "ab"}, `umbp key: invalid value "tp=x" for flag -topo: "tp=x": strconv.Atoi: parsing "x": invalid syntax`},
+		{[]string{"key", "-topo", "xp=1", "make", "ab"}, `umbp key: invalid value "xp=1" for flag -topo: "xp=1": unknown dimension "xp": want tp, pcp, dcp or pp`},
+		{[]string{"key", "tokens", "-bogus"}, "umbp key: flag provided but not defined: -bogus"},
+		{[]string{"ping", "-count", "x"}, `umbp ping: invalid value "x" for flag -count: parse error`},
+		{[]string{"lookup", "-nosuchflag"}, "umbp lookup: flag provided but not defined: -nosuchflag"},
+		{[]string{"bench", "-objects", "many"}, `umbp bench: invalid value "many" for flag -objects: parse error`},
+		{[]string{"cluster", "lookup", "-topo", "tp=1/2,pp=2"}, `umbp cluster: invalid value "tp=1/2,pp=2" for flag -topo: "tp=1/2,pp=2": write every dimension as NAME=RANK/SIZE (one rank) or every one as NAME=SIZE (the engine's sizes), not both`},
+	} {
+		stdout, stderr := mustRun(t, exitUsage, "", tc.args...)
+		cmd := tc.args[0]
+		if want := tc.want + "\nrun 'umbp help " + cmd + "' for its flags\n"; stderr != want || stdout != "" {
+			t.Errorf("umbp %s:\nstdout %q\nstderr %q\nwant stderr %q", strings.Join(tc.args, " "), stdout, stderr, want)
+		}
+	}
+}
+
+// -topo means one thing everywhere: NAME=RANK/SIZE is a rank, NAME=SIZE
+// the engine's sizes; a command that needs the other form refuses it.
+func TestTopoOneMeaning(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		// tp=1 is a size: key make writes one rank's keys and needs the rank.
+		{[]string{"key", "make", "-ns", "llama", "-topo", "tp=1", "deadbeef"}, "-topo tp=1 gives sizes (NAME=SIZE), but key make writes the keys of one rank: name it as NAME=RANK/SIZE"},
+		{[]string{"key", "make", "-ns", "llama", "-topo", "tp=2", "deadbeef"}, "-topo tp=2 gives sizes"},
+		// tp=1/2 is a rank: tokens key every rank and take the sizes.
+		{[]string{"key", "tokens", "-ns", "llama", "-seed", "0", "-topo", "tp=1/2", "1", "2"}, "-topo tp=1/2 names a rank (NAME=RANK/SIZE), but key tokens keys every rank of the engine: give its sizes as NAME=SIZE (tp=2)"},
+		{[]string{"lookup", "-endpoint", "/nonexistent/x.grpc.sock", "-tokens", "-ns", "llama", "-seed", "0", "-topo", "tp=1/2", "1"}, "-topo tp=1/2 names a rank"},
+	} {
+		stdout, stderr := mustRun(t, exitUsage, "", tc.args...)
+		mustContain(t, strings.Join(tc.args, " "), stderr, tc.want)
+		if stdout != "" {
+			t.Errorf("umbp %s wrote %q", strings.Join(tc.args, " "), stdout)
+		}
+	}
+	stdout, _ := mustRun(t, exitOK, "", "key", "make", "-ns", "llama", "-topo", "tp=1/2", "deadbeef")
+	if want := "umbp:vllm:v1:llama:tp1:pcp0:dcp0:pp0:g0:deadbeef\n"; stdout != want {
+		t.Errorf("key make -topo tp=1/2: %q, want %q", stdout, want)
+	}
+}
+
+// What a command cannot use is refused, not ignored.
+func TestFlagsThatDoNotApply(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"key", "parse", "-ns", "llama", testKey("0a")}, "-ns does not apply to key parse"},
+		{[]string{"key", "make", "-ns", "m", "-seed", "0", "-algo", "xxhash", "ab"}, "-algo, -seed do not apply to key make"},
+		{[]string{"key", "tokens", "-ns", "m", "-seed", "0", "-group", "1", "1"}, "-group does not apply to key tokens"},
+		{[]string{"key", "make", "-json", "ab"}, "-json does not apply to key make"},
+		{[]string{"lookup", "-endpoint", "/nonexistent/x.grpc.sock", "-ns", "llama", testKey("0a")}, "-ns does not apply to keys (they key tokens: pass -tokens)"},
+		{[]string{"lookup", "-endpoint", "/nonexistent/x.grpc.sock", "-tokens", "-q", "-ns", "m", "-seed", "0", "1"}, "-q does not apply with -tokens"},
+	} {
+		_, stderr := mustRun(t, exitUsage, "", tc.args...)
+		mustContain(t, strings.Join(tc.args, " "), stderr, tc.want)
+	}
+}
+
+// Errors the library words in its Go fields come out of the tool naming
+// the flag that fixes them.
+func TestMessagesNameFlags(t *testing.T) {
+	_, stderr := mustRun(t, exitUsage, "", "ping", "-endpoint", "relative.sock")
+	mustContain(t, "ping -endpoint relative.sock", stderr, `umbp ping: -endpoint: standalone UMBP endpoint "relative.sock" must be an absolute path`)
+	_, stderr = mustRun(t, exitUsage, "", "ping", "-endpoint", "/"+strings.Repeat("x", 120)+".grpc.sock")
+	mustContain(t, "ping -endpoint (too long)", stderr, "umbp ping: -endpoint: endpoint ")
+	_, stderr = mustRun(t, exitUsage, "", "ping", "-trust-uid", "root", "-endpoint", "/tmp/x.sock")
+	mustContain(t, "ping -trust-uid root", stderr, `umbp ping: invalid value "root" for flag -trust-uid`)
+	_, stderr = mustRun(t, exitUsage, "", "ping", "-trust-uid", "4294967295", "-endpoint", "/tmp/x.sock")
+	mustContain(t, "ping -trust-uid 4294967295", stderr, "umbp ping: -trust-uid: ")
+	for _, out := range []string{stderr} {
+		if m := goField.FindString(out); m != "" {
+			t.Errorf("names %s:\n%s", m, out)
+		}
+	}
+}
+
+// A server whose socket belongs to another user is refused naming the
+// -trust-uid that would trust it; with it, the command runs.
+func TestUntrustedNamesTrustUID(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to give the socket to another user")
+	}
+	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
+	grpcPath := strings.TrimPrefix(srv.Endpoint(), "unix://")
+	for _, p := range []string{grpcPath, srv.FDSocketPath()} {
+		if err := os.Lchown(p, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, stderr := mustRun(t, exitFail, "", "ping", "-endpoint", srv.Endpoint())
+	mustContain(t, "ping of another user's server", stderr, "is owned by uid 65534, not this user (uid 0) or root", "(if uid 65534 runs your server, pass -trust-uid 65534)")
+	mustRun(t, exitOK, "", "ping", "-endpoint", srv.Endpoint(), "-trust-uid", "65534", "-count", "0")
+}
+
+// bench: a value no host can run is a usage error (2) before anything
+// is allocated or asked.
+func TestBenchTooLarge(t *testing.T) {
+	for _, args := range [][]string{
+		{"-objects", "1000000", "-object-size", "1GiB"},
+		{"-objects", "100000", "-object-size", "64MiB"},
+	} {
+		args = append([]string{"bench", "-endpoint", "/nonexistent/x.grpc.sock"}, args...)
+		_, stderr := mustRun(t, exitUsage, "", args...)
+		mustContain(t, strings.Join(args, " "), stderr, "of host memory (a source and a destination buffer), more than this host's memory and swap", "run 'umbp help bench'")
+	}
+}
+
+// bench says when a round's objects do not all fit in the pool, instead of
+// failing each key's load.
+func TestBenchWorkingSetExceedsPool(t *testing.T) {
+	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 1 << 20})
+	stdout, stderr := mustRun(t, exitFail, "", "bench", "-endpoint", srv.Endpoint(), "-objects", "8", "-object-size", "256KiB", "-rounds", "1")
+	mustContain(t, "bench", stdout, "store", "lookup")
+	mustContain(t, "bench", stderr, "of the 8 objects just stored: the working set (2 MiB) exceeds what the pool keeps, so it evicted the rest; lower -objects or -object-size")
+	if strings.Count(stderr, "\n") != 1 || strings.Contains(stderr, "not in the pool: key") {
+		t.Errorf("bench: not one line:\n%s", stderr)
+	}
 }

@@ -71,13 +71,17 @@ type ipcMapping struct {
 // NewHIPBackend loads the process's GPU runtime (hip.Load: HIP, else CUDA)
 // and returns a backend on it that logs to log (nil: nowhere). Without a
 // usable runtime and device the error wraps ErrNotSupported and
-// hip.ErrNotSupported and says what was tried.
+// hip.ErrNotSupported (a *hip.LoadError, whose text is one short line, when
+// libraries were tried), and each library tried and why it could not be
+// used is logged at debug level, one line each.
 func NewHIPBackend(log *slog.Logger) (GPUBackend, error) {
 	rt, err := hip.Load()
 	if err != nil {
 		var le *hip.LoadError
-		if errors.As(err, &le) && len(le.Tried) > 0 { // the operator's diagnosis
-			return nil, fmt.Errorf("server: GPU backend: %w (tried: %s)", err, le.Details())
+		if log != nil && errors.As(err, &le) {
+			for _, why := range le.Tried {
+				log.Debug("umbp server: GPU runtime probe: not usable", "tried", why)
+			}
 		}
 		return nil, fmt.Errorf("server: GPU backend: %w", err)
 	}

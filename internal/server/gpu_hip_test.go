@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -65,12 +66,28 @@ func TestNewHIPBackendWithoutGPU(t *testing.T) {
 	if hip.Available() {
 		t.Skip("this host has a GPU runtime")
 	}
-	b, err := NewHIPBackend(nil)
+	var logged bytes.Buffer
+	b, err := NewHIPBackend(slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	if b != nil || !errors.Is(err, ErrNotSupported) || !errors.Is(err, hip.ErrNotSupported) {
-		t.Fatalf("NewHIPBackend(nil) = %v, %v; want nil and an error matching both ErrNotSupported", b, err)
+		t.Fatalf("NewHIPBackend = %v, %v; want nil and an error matching both ErrNotSupported", b, err)
 	}
-	if !strings.Contains(err.Error(), "tried: ") {
-		t.Errorf("NewHIPBackend(nil) = %q: it does not say what was tried", err)
+	// The error is one short line; what each library gave is at debug
+	// level, a line each.
+	var le *hip.LoadError
+	if !errors.As(err, &le) {
+		t.Skipf("not a load failure (%v): no library was tried", err)
+	}
+	if len(err.Error()) > 120 || strings.Contains(err.Error(), "cannot open") {
+		t.Errorf("NewHIPBackend error is not one short line: %q", err)
+	}
+	lines := strings.Split(strings.TrimSpace(logged.String()), "\n")
+	if len(lines) != len(le.Tried) {
+		t.Fatalf("%d lines logged for %d libraries tried:\n%s", len(lines), len(le.Tried), logged.String())
+	}
+	for i, l := range lines {
+		if !strings.Contains(l, "level=DEBUG") || !strings.Contains(l, le.Tried[i]) {
+			t.Errorf("line %d does not say at debug level what %q gave: %s", i, le.Tried[i], l)
+		}
 	}
 }
 

@@ -24,8 +24,6 @@ const (
 	// DefaultFDReceiveTimeout bounds each fd-handoff connection when
 	// Options.FDReceiveTimeout is 0.
 	DefaultFDReceiveTimeout = 5 * time.Second
-	// MaxMessageSize is the gRPC message limit, each way.
-	MaxMessageSize = 64 << 20
 	// IPCHandleSize is the size of a HIP (or CUDA) IPC memory handle.
 	IPCHandleSize = 64
 )

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -46,10 +47,10 @@ func TestSocketsCreatedAndRemoved(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		sub   string // created by the server when not empty
-		stale bool   // regular files stand at the socket paths
+		stale bool   // sockets no server listens on stand at the socket paths
 	}{
 		{name: "parent directories created", sub: "a/b"},
-		{name: "stale files replaced", stale: true},
+		{name: "stale sockets replaced", stale: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			base := filepath.Join(dir, tc.sub)
@@ -57,9 +58,12 @@ func TestSocketsCreatedAndRemoved(t *testing.T) {
 			fdPath := filepath.Join(base, "n.fd.sock")
 			if tc.stale {
 				for _, p := range []string{grpcPath, fdPath} {
-					if err := os.WriteFile(p, []byte("stale"), 0o644); err != nil {
+					ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: p, Net: "unix"})
+					if err != nil {
 						t.Fatal(err)
 					}
+					ln.SetUnlinkOnClose(false)
+					_ = ln.Close() // the socket file stays, with no listener
 				}
 			}
 			srv, err := New(Options{Endpoint: "unix://" + grpcPath, Logger: testLogger(), Capacity: 1 << 20})

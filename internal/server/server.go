@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/umbp-go/umbp-go/internal/fdpass"
+	"github.com/umbp-go/umbp-go/internal/rpc"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
@@ -67,14 +68,17 @@ type Server struct {
 }
 
 // ErrEndpointInUse refuses to start on an endpoint where a live server
-// answers (Options.Replace takes its sockets over instead).
+// answers; the error names that server and the socket. Options.Replace
+// takes its sockets over instead.
 var ErrEndpointInUse = errors.New("server: a live server answers on the endpoint")
 
 // New validates opts, creates both sockets (parent directories 0700, sockets
 // 0600) and starts serving. It returns once both sockets listen. A socket
 // left at either path by a server that is gone is replaced; one where a live
 // server accepts connections is an error matching ErrEndpointInUse, unless
-// Options.Replace is set.
+// Options.Replace is set. Anything else at either path (a file, a
+// directory, a link) is a *NotSocketError, Replace or not, and is left as
+// it is: the server removes only sockets.
 func New(opts Options) (*Server, error) {
 	if opts.Endpoint == "" {
 		return nil, errors.New("server: Endpoint is required")
@@ -113,6 +117,14 @@ func New(opts Options) (*Server, error) {
 	if version >= 2 {
 		s.gpu = opts.GPU
 	}
+	// Both paths are examined before anything is created or removed: a
+	// start that fails leaves both as they were.
+	var old [2]os.FileInfo
+	for i, path := range []string{grpcPath, fdPath} {
+		if old[i], err = checkPath(path, opts.Replace, log); err != nil {
+			return nil, err
+		}
+	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
 	if s.pool, err = newPool(opts.Capacity, opts.Prefault); err != nil {
@@ -138,23 +150,18 @@ func New(opts Options) (*Server, error) {
 		s.releaseMemory()
 		return nil, err
 	}
-	for _, path := range []string{grpcPath, fdPath} {
-		if err := checkLive(path, opts.Replace, log); err != nil {
-			return fail(err)
-		}
-	}
-	if s.grpcSock, err = listen(grpcPath); err != nil {
+	if s.grpcSock, err = listen(grpcPath, old[0]); err != nil {
 		return fail(err)
 	}
-	if s.fdSock, err = listen(fdPath); err != nil {
+	if s.fdSock, err = listen(fdPath, old[1]); err != nil {
 		return fail(err)
 	}
 
 	gopts := []grpc.ServerOption{
 		// Plaintext as before; records each connection's SO_PEERCRED.
 		grpc.Creds(peerCreds{wrap: opts.WrapConn}),
-		grpc.MaxRecvMsgSize(MaxMessageSize),
-		grpc.MaxSendMsgSize(MaxMessageSize),
+		grpc.MaxRecvMsgSize(rpc.MaxMessageSize),
+		grpc.MaxSendMsgSize(rpc.MaxMessageSize),
 		// Calls are served by a fixed set of goroutines rather than one
 		// new goroutine each: with MORI's C++ client, lookups of 1 and 64
 		// keys answered 8% and 14% sooner (medians of 5 rounds alternated
@@ -273,24 +280,81 @@ type socket struct {
 // probeTimeout bounds the connection that tells a live socket from a stale one.
 const probeTimeout = time.Second
 
-// checkLive fails with ErrEndpointInUse when a server accepts connections on
-// the Unix socket at path (naming its pid when the kernel tells it); a path
-// that is missing, not a socket, or a socket nobody listens on is fine. With
-// replace a live server is only logged.
-func checkLive(path string, replace bool, log *slog.Logger) error {
+// NotSocketError refuses a socket path where something other than a
+// socket stands. The server leaves it as it is: it removes only a socket,
+// and only one no server listens on (or, with Options.Replace, a live
+// server's).
+type NotSocketError struct {
+	// Path is the socket path.
+	Path string
+	// What says what stands there: "a regular file of 10 bytes", "an empty
+	// directory", "a directory of 3 entries", "a symbolic link to …".
+	What string
+}
+
+func (e *NotSocketError) Error() string {
+	return fmt.Sprintf("server: %s is %s, not a socket; the server replaces only a socket that no server listens on, and left it as it is", e.Path, e.What)
+}
+
+// describe says what fi, found at path by Lstat, is.
+func describe(path string, fi os.FileInfo) string {
+	switch m := fi.Mode(); {
+	case m.IsRegular():
+		return fmt.Sprintf("a regular file of %d bytes", fi.Size())
+	case m.IsDir():
+		f, err := os.Open(path)
+		if err != nil {
+			return "a directory"
+		}
+		names, _ := f.Readdirnames(-1)
+		_ = f.Close()
+		switch len(names) {
+		case 0:
+			return "an empty directory"
+		case 1:
+			return "a directory of 1 entry"
+		}
+		return fmt.Sprintf("a directory of %d entries", len(names))
+	case m&os.ModeSymlink != 0:
+		if to, err := os.Readlink(path); err == nil {
+			return fmt.Sprintf("a symbolic link to %s", to)
+		}
+		return "a symbolic link"
+	case m&os.ModeNamedPipe != 0:
+		return "a named pipe"
+	case m&os.ModeDevice != 0:
+		return "a device"
+	}
+	return fmt.Sprintf("a file of mode %v", fi.Mode())
+}
+
+// checkPath examines what stands at path before the server takes it.
+// Nothing: (nil, nil). A socket no server listens on, left by a server that
+// is gone: its FileInfo, for listen to replace. A socket a live server
+// accepts connections on: ErrEndpointInUse naming that server (its pid when
+// the kernel tells it), or with replace its FileInfo, logged. Anything
+// else: a *NotSocketError.
+func checkPath(path string, replace bool, log *slog.Logger) (os.FileInfo, error) {
 	fi, err := os.Lstat(path)
-	if err != nil || fi.Mode().Type() != os.ModeSocket {
-		return nil // missing, or not a socket: listen unlinks what is there
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("server: socket path: %w", err)
+	case fi.Mode().Type() != os.ModeSocket:
+		return nil, &NotSocketError{Path: path, What: describe(path, fi)}
 	}
 	c, err := net.DialTimeout("unix", path, probeTimeout)
 	switch {
 	case err == nil:
-	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, os.ErrNotExist):
-		return nil // stale: its server is gone
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fi, nil // stale: its server is gone
+	case errors.Is(err, os.ErrNotExist):
+		return nil, nil // removed meanwhile
 	case errors.Is(err, syscall.EAGAIN):
 		// A full accept queue: a live server that is not keeping up.
 	default:
-		return fmt.Errorf("server: cannot tell whether a server still answers on %s: %w", path, err)
+		return nil, fmt.Errorf("server: cannot tell whether a server still answers on %s: %w", path, err)
 	}
 	who := "a server"
 	if c != nil {
@@ -301,19 +365,30 @@ func checkLive(path string, replace bool, log *slog.Logger) error {
 	}
 	if replace {
 		log.Warn("umbp server: replacing the sockets of a live server", "path", path, "server", who)
-		return nil
+		return fi, nil
 	}
-	return fmt.Errorf("%w: %s accepts connections on %s; stop it first, or replace it on purpose (Options.Replace)", ErrEndpointInUse, who, path)
+	return nil, fmt.Errorf("%w: %s accepts connections on %s", ErrEndpointInUse, who, path)
 }
 
-// listen creates a Unix socket at path: parent directories 0700, whatever
-// stood at path unlinked, the socket chmod 0600.
-func listen(path string) (*socket, error) {
+// listen creates a Unix socket at path: parent directories 0700, the socket
+// chmod 0600. old is what checkPath found there: nil for nothing, else the
+// socket to replace, which is removed only if it is still that socket.
+func listen(path string, old os.FileInfo) (*socket, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("server: create the socket directory: %w", err)
 	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("server: remove the old socket: %w", err)
+	if old != nil {
+		cur, err := os.Lstat(path)
+		switch {
+		case err == nil && !os.SameFile(cur, old):
+			return nil, fmt.Errorf("server: %s changed while the server started; left as it is", path)
+		case err == nil:
+			if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return nil, fmt.Errorf("server: remove the old socket: %w", err)
+			}
+		case !errors.Is(err, os.ErrNotExist):
+			return nil, fmt.Errorf("server: socket path: %w", err)
+		}
 	}
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/umbp-go/umbp-go/umbp"
+)
+
+// helpText is what a command returns when asked for help (-h): run prints
+// text on standard output and exits 0.
+type helpText struct{ text string }
+
+func (h *helpText) Error() string { return "help requested" }
+
+// parseFlags parses args into fs, which prints nothing itself: a flag
+// error comes back as a usage error with the flag package's words, and -h
+// as flag.ErrHelp.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return err
+	}
+	return fmt.Errorf("%w: %w", errUsage, err)
+}
+
+// flagHelp writes the flags of fs named in names (all of them when names
+// is nil), as flag.PrintDefaults does.
+func flagHelp(fs *flag.FlagSet, names []string) string {
+	var b strings.Builder
+	sub := flag.NewFlagSet("", flag.ContinueOnError)
+	sub.SetOutput(&b)
+	fs.VisitAll(func(f *flag.Flag) {
+		if names != nil && !slices.Contains(names, f.Name) {
+			return
+		}
+		sub.Var(f.Value, f.Name, f.Usage)
+		sub.Lookup(f.Name).DefValue = f.DefValue
+	})
+	sub.PrintDefaults()
+	return b.String()
+}
+
+// share registers every flag of src on dst as well, with the same value:
+// flags given before a subcommand and after it land in the same place.
+func share(dst, src *flag.FlagSet) {
+	src.VisitAll(func(f *flag.Flag) {
+		dst.Var(f.Value, f.Name, f.Usage)
+		dst.Lookup(f.Name).DefValue = f.DefValue
+	})
+}
+
+// onlyFlags refuses, as a usage error, every flag set on fs that is not
+// among allowed: what a command cannot use is refused, not ignored. where
+// names the command, or the mode, that cannot use them.
+func onlyFlags(fs *flag.FlagSet, allowed []string, where string) error {
+	var other []string
+	fs.Visit(func(f *flag.Flag) {
+		if !slices.Contains(allowed, f.Name) {
+			other = append(other, "-"+f.Name)
+		}
+	})
+	switch len(other) {
+	case 0:
+		return nil
+	case 1:
+		return fmt.Errorf("%w: %s does not apply %s", errUsage, other[0], where)
+	}
+	return fmt.Errorf("%w: %s do not apply %s", errUsage, strings.Join(other, ", "), where)
+}
+
+// configFlags names, for each field of the library's configurations that
+// an error of NewStandaloneRuntime or NewClusterRuntime can name, the flag
+// that sets it.
+var configFlags = []struct{ field, flag string }{
+	{"ClusterConfig.Master", "-master"},
+	{"ClusterConfig.LookupTimeout", "-timeout"},
+	{"ClusterConfig.StartupTimeout", "-timeout"},
+	{"ClusterConfig.Timeout", "-timeout"},
+	{"Config.Endpoint", "-endpoint"},
+	{"Config.TrustedUIDs", "-trust-uid"},
+	{"Config.NumWorkers", "-workers"},
+	{"Config.LookupTimeout", "-timeout"},
+	{"Config.StartupTimeout", "-timeout"},
+	{"Config.Timeout", "-timeout"},
+}
+
+// inFlagWords returns the text of an error of the library in the tool's
+// words: a configuration error names the flag that fixes it instead of the
+// field of umbp.Config, and an untrusted server the -trust-uid that would
+// trust it.
+func inFlagWords(err error) string {
+	text := said(strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
+	if errors.Is(err, umbp.ErrInvalidConfig) {
+		text = strings.TrimPrefix(text, "invalid configuration: ")
+		for _, m := range configFlags {
+			text = strings.ReplaceAll(text, m.field, m.flag)
+		}
+	}
+	if errors.Is(err, umbp.ErrUntrustedServer) {
+		if m := untrustedUID.FindStringSubmatch(text); m != nil {
+			text += fmt.Sprintf(" (if uid %s runs your server, pass -trust-uid %s)", m[1], m[1])
+		}
+	}
+	return text
+}
+
+// untrustedUID finds the uid an untrusted server's socket or process
+// belongs to in the library's refusal.
+var untrustedUID = regexp.MustCompile(`(?:owned by|runs as) uid (\d+), not `)
