@@ -223,26 +223,3 @@ func segmentProblem(base, offset, size uint64) string {
 	}
 	return ""
 }
-
-func checkObject(op string, i int, o Object, put bool) error {
-	if err := checkKey(op, i, o.Key); err != nil {
-		return err
-	}
-	switch {
-	case len(o.Ranges) == 0:
-		return rpc.Invalid(op, "object %d (%q) has no ranges", i, o.Key)
-	case uint64(len(o.Ranges)) > math.MaxUint32:
-		return rpc.Invalid(op, "object %d (%q) has %d ranges", i, o.Key, len(o.Ranges))
-	case put && o.Size == 0:
-		return rpc.Invalid(op, "object %d (%q): object size is 0", i, o.Key)
-	}
-	for j, r := range o.Ranges {
-		if p := segmentProblem(r.RegionBase, r.Offset, r.Size); p != "" {
-			return rpc.Invalid(op, "object %d (%q) range %d: %s", i, o.Key, j, p)
-		}
-		if r.ObjectOffset > math.MaxUint64-r.Size {
-			return rpc.Invalid(op, "object %d (%q) range %d: object offset %d + size %d overflows", i, o.Key, j, r.ObjectOffset, r.Size)
-		}
-	}
-	return nil
-}
