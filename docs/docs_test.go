@@ -68,7 +68,7 @@ var quotes = []quote{
 	{"docs/DEPLOYMENT.md", `level=ERROR msg="cannot start: /tmp/notes.grpc.sock is a regular file of 10 bytes, not a socket; it is left as it is: move it away, or give another -endpoint"`, "server: a file at the endpoint"},
 	// The library's words.
 	{"docs/FAILURES.md", "an earlier transfer is still blocked in the server", "library: a transfer after a blocked one"},
-	{"docs/CLUSTER.md", `umbp: invalid configuration: ClusterConfig.Master "10.1.2.3:50051": plaintext to a master that is not on loopback: MORI's master speaks plaintext TCP without authentication, so anyone on the path can read the prompts' keys and forge the answers; give transport credentials (TLS), or allow plaintext explicitly`, "library: plaintext to 10.1.2.3:50051"},
+	{"docs/CLUSTER.md", `umbp: invalid configuration: ClusterConfig.Masters "10.1.2.3:50051": plaintext to a master that is not on loopback: MORI's master speaks plaintext TCP without authentication, so anyone on the path can read the prompts' keys and forge the answers; give transport credentials (TLS), or allow plaintext explicitly`, "library: plaintext to 10.1.2.3:50051"},
 	{"docs/PROTOCOL.md", "fd handoff registration was not found", "server: reply texts"},
 	{"docs/PROTOCOL.md", "server is shutting down", "server: reply texts"},
 }

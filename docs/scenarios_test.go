@@ -80,7 +80,7 @@ var scenarios = map[string]func(t *testing.T, w *world) string{
 	},
 	"library: a transfer after a blocked one": blockedTransfer,
 	"library: plaintext to 10.1.2.3:50051": func(t *testing.T, w *world) string {
-		_, err := umbp.NewClusterRuntime(umbp.ClusterConfig{Master: "10.1.2.3:50051"})
+		_, err := umbp.NewClusterRuntime(umbp.ClusterConfig{Masters: []string{"10.1.2.3:50051"}})
 		if err == nil {
 			t.Fatal("plaintext to a master off loopback accepted")
 		}

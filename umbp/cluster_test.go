@@ -70,7 +70,7 @@ func (n *fakeNode) report(t testing.TB, tier umbppb.TierType, hashes ...string) 
 
 func clusterConfig(t testing.TB, addr string) umbp.ClusterConfig {
 	return umbp.ClusterConfig{
-		Master:         addr,
+		Masters:        []string{addr},
 		Timeout:        2 * time.Second,
 		LookupTimeout:  200 * time.Millisecond,
 		StartupTimeout: 5 * time.Second,
@@ -268,14 +268,14 @@ func TestClusterStartupTimeoutOnStalledMaster(t *testing.T) {
 }
 
 func TestClusterPlaintextOnlyToLoopback(t *testing.T) {
-	_, err := umbp.NewClusterRuntime(umbp.ClusterConfig{Master: "10.1.2.3:50051"})
+	_, err := umbp.NewClusterRuntime(umbp.ClusterConfig{Masters: []string{"10.1.2.3:50051"}})
 	if !errors.Is(err, umbp.ErrInvalidConfig) || !strings.Contains(err.Error(), "plaintext") || !strings.Contains(err.Error(), "10.1.2.3:50051") {
 		t.Fatalf("NewClusterRuntime(plaintext, remote) = %v", err)
 	}
 	for _, cfg := range []umbp.ClusterConfig{
-		{Master: "10.1.2.3:50051", AllowPlaintext: true},
-		{Master: "127.0.0.1:50051"},
-		{Master: "[::1]:50051"},
+		{Masters: []string{"10.1.2.3:50051"}, AllowPlaintext: true},
+		{Masters: []string{"127.0.0.1:50051"}},
+		{Masters: []string{"[::1]:50051"}},
 	} {
 		if _, err := umbp.NewClusterRuntime(cfg); err != nil {
 			t.Errorf("NewClusterRuntime(%+v) = %v", cfg, err)
@@ -422,7 +422,7 @@ func TestClusterErrorsSayItOnce(t *testing.T) {
 	once("clear", h.Clear(ctx), m.Addr())
 	_, err := h.Score(ctx, umbp.ScoreRequest{Candidates: []string{""}})
 	once("score", err, "")
-	_, err = umbp.NewClusterRuntime(umbp.ClusterConfig{Master: "10.9.9.9:1"})
+	_, err = umbp.NewClusterRuntime(umbp.ClusterConfig{Masters: []string{"10.9.9.9:1"}})
 	once("plaintext config", err, "10.9.9.9:1")
 	m.Stall()
 	cfg := clusterConfig(t, m.Addr())

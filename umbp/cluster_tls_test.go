@@ -91,11 +91,11 @@ func TestClusterTransportCredentials(t *testing.T) {
 	}
 
 	// With credentials, an address that is not loopback is accepted.
-	remote := umbp.ClusterConfig{Master: "10.1.2.3:50051", TransportCredentials: cfg.TransportCredentials}
+	remote := umbp.ClusterConfig{Masters: []string{"10.1.2.3:50051"}, TransportCredentials: cfg.TransportCredentials}
 	if _, err := umbp.NewClusterRuntime(remote); err != nil {
 		t.Errorf("NewClusterRuntime with TLS to a remote address = %v", err)
 	}
-	if _, err := umbp.NewClusterRuntime(umbp.ClusterConfig{Master: "no-port"}); !errors.Is(err, umbp.ErrInvalidConfig) {
+	if _, err := umbp.NewClusterRuntime(umbp.ClusterConfig{Masters: []string{"no-port"}}); !errors.Is(err, umbp.ErrInvalidConfig) {
 		t.Errorf("NewClusterRuntime without a port = %v", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -27,6 +28,10 @@ const (
 	// DefaultLoadFailureQuarantine is vLLM's load_failure_quarantine_ms in
 	// distributed mode: the master's handles quarantine by default.
 	DefaultLoadFailureQuarantine = 30 * time.Second
+	// DefaultHedgeDelay is ClusterConfig.HedgeDelay's default: far above a
+	// healthy master's answer (tenths of a millisecond to a few
+	// milliseconds) and far below LookupTimeout.
+	DefaultHedgeDelay = 20 * time.Millisecond
 )
 
 // Config configures a [StandaloneRuntime]. Only Endpoint is required.
@@ -205,11 +210,21 @@ func (s settings) checkMode(c *conn.Conn) error {
 const MasterMode = "UMBP_MASTER"
 
 // ClusterConfig configures a [ClusterRuntime]: a scheduler's or a router's
-// view of a distributed pool through MORI's UMBP master. Only Master is
+// view of a distributed pool through MORI's UMBP master. Only Masters is
 // required.
 type ClusterConfig struct {
-	// Master is the master's address, host:port.
-	Master string
+	// Masters are the master's addresses, host:port: one, or the replicas
+	// of a master that keeps its state in a RESP store (Redis, Valkey),
+	// which serve one pool interchangeably. A handle keeps a channel to
+	// each, sends a call to one healthy replica and, when it has not
+	// answered within HedgeDelay, to a second; a replica that stalls or
+	// refuses is set aside and probed back.
+	Masters []string
+	// HedgeDelay is how long a call waits for one replica before it asks
+	// a second one too (the first good answer wins). Zero means
+	// DefaultHedgeDelay; negative asks one replica at a time. Hedges are
+	// budgeted: at most about one call in ten when the replicas are slow.
+	HedgeDelay time.Duration
 	// TransportCredentials secure the channel to the master (TLS, mutual
 	// TLS: credentials.NewTLS). MORI's master serves plaintext without
 	// authentication; nil means plaintext, which is allowed only to a
@@ -245,11 +260,23 @@ type ClusterConfig struct {
 }
 
 func (c ClusterConfig) withDefaults() (ClusterConfig, error) {
-	if !utf8.ValidString(c.Master) {
-		return c, fmt.Errorf("%w: ClusterConfig.Master is not valid UTF-8", ErrInvalidConfig)
+	if len(c.Masters) == 0 {
+		return c, fmt.Errorf("%w: ClusterConfig.Masters is empty: give the master's host:port", ErrInvalidConfig)
 	}
-	if err := masterconn.CheckAddress(c.Master, c.TransportCredentials == nil, c.AllowPlaintext); err != nil {
-		return c, fmt.Errorf("%w: ClusterConfig.Master %q: %w", ErrInvalidConfig, c.Master, err)
+	c.Masters = slices.Clone(c.Masters)
+	for i, m := range c.Masters {
+		if !utf8.ValidString(m) {
+			return c, fmt.Errorf("%w: ClusterConfig.Masters[%d] is not valid UTF-8", ErrInvalidConfig, i)
+		}
+		if err := masterconn.CheckAddress(m, c.TransportCredentials == nil, c.AllowPlaintext); err != nil {
+			return c, fmt.Errorf("%w: ClusterConfig.Masters %q: %w", ErrInvalidConfig, m, err)
+		}
+		if slices.Index(c.Masters, m) != i {
+			return c, fmt.Errorf("%w: ClusterConfig.Masters names %q twice", ErrInvalidConfig, m)
+		}
+	}
+	if c.HedgeDelay == 0 {
+		c.HedgeDelay = DefaultHedgeDelay
 	}
 	if err := settleTimeouts("ClusterConfig", &c.Timeout, &c.LookupTimeout, &c.StartupTimeout); err != nil {
 		return c, err

@@ -30,6 +30,9 @@ type lookupBackend interface {
 	// states is the handle's state, which the backend moves.
 	states() *connState
 	capabilities() ServerCapabilities
+	// replicaStats are the master's replicas' counters; nil on a
+	// standalone server.
+	replicaStats() []ReplicaStats
 	// close stops the backend and closes its connection within timeout.
 	// stuck, when not nil, is done once a call that overran returns: a
 	// connection whose close would wait for that call is closed after it,
@@ -81,10 +84,10 @@ func newCaller(b lookupBackend, timeout time.Duration) (*caller, error) {
 	return &caller{backend: b, timeout: timeout, calls: p}, nil
 }
 
-// newLookupPool is the one detached goroutine that the calls to one
+// newLookupPool is the detached goroutines that the calls to one
 // connection run on.
 func newLookupPool() (*daemonpool.Pool, error) {
-	return daemonpool.New(1, "umbp-lookup", nil)
+	return daemonpool.New(lookupWorkers, "umbp-lookup", nil)
 }
 
 // call runs fn on c's detached goroutine and waits for it at most c's

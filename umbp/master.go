@@ -2,76 +2,464 @@ package umbp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
 
 	"github.com/umbp-go/umbp-go/internal/encoded"
 	"github.com/umbp-go/umbp-go/internal/masterconn"
 )
 
-// masterBackend is a scheduler handle's channel to MORI's master. gRPC
-// redials the master (at masterRedial's pace, and at once when the channel
-// goes idle); the handle's state follows the channel's: READY is
-// connected, anything else reconnecting.
+// A handle on MORI's master keeps one gRPC channel per replica (one for a
+// single master). A call goes to one usable replica, the least busy, in
+// turn; one that has not answered within the hedge delay is sent to a
+// second too (budgeted), and the first good answer wins, the other
+// cancelled; a failed attempt fails over to a replica not asked yet. A
+// replica overtaken or failing is set aside and probed back; one whose
+// channel is down is left to gRPC's redial. Every replica reporting its
+// metadata store unavailable is one fault, the store's, not theirs.
+
+// masterBackend is a scheduler handle's channels to MORI's master.
 type masterBackend struct {
-	c          *masterconn.Conn
-	addr       string
+	replicas   []*replica
+	masters    string // the replicas' addresses, for logs
 	rpcTimeout time.Duration
+	hedgeDelay time.Duration
 	log        *slog.Logger
+	budget     hedgeBudget
+	storeWarn  logLimiter
 
 	st   connState
+	turn atomic.Uint64 // where the next pick starts
+	kick chan struct{} // wakes the prober
 	stop context.CancelFunc
-	done chan struct{}
+	wg   sync.WaitGroup
 }
 
-// newMasterBackend follows c, which has just answered, until close.
-func newMasterBackend(c *masterconn.Conn, cfg ClusterConfig) *masterBackend {
-	ctx, stop := context.WithCancel(context.Background())
-	b := &masterBackend{c: c, addr: cfg.Master, rpcTimeout: cfg.Timeout, log: cfg.Logger, stop: stop, done: make(chan struct{})}
-	// It answered just now: connected, the zero state.
-	go b.watch(ctx)
-	return b
+// replica is one master replica's channel, its health and its counters.
+type replica struct {
+	idx  int
+	addr string
+	c    *masterconn.Conn
+
+	up        atomic.Bool  // the channel is READY (or settling after its first answer)
+	aside     atomic.Bool  // stalled or refusing: probed back
+	overtaken atomic.Int32 // calls in a row another replica answered first
+	inflight  atomic.Int32
+
+	calls, hedges, wins, setAsides atomic.Uint64
+	latency                        atomic.Int64 // of its answers, a moving average, ns
 }
 
-// watch follows the channel's state until close.
-func (b *masterBackend) watch(ctx context.Context) {
-	defer close(b.done)
+func (r *replica) usable() bool { return r.up.Load() && !r.aside.Load() }
+
+// errStoreUnavailable is a call every replica asked answered with its
+// metadata store unavailable (MORI's Redis-backed master).
+var errStoreUnavailable = errors.New("the master's metadata store is unavailable")
+
+// storeUnavailableText is how MORI's replicas say their store failed.
+const storeUnavailableText = "metadata store unavailable"
+
+// isStoreFault reports whether err is a replica saying its store failed.
+func isStoreFault(err error) bool {
+	s, ok := status.FromError(err)
+	return ok && s.Code() == codes.Unavailable && strings.Contains(s.Message(), storeUnavailableText)
+}
+
+// newMasterBackend opens a channel to every replica and waits, at most
+// until ctx ends, for each to answer; one at least must. A replica that
+// did not is set aside and probed back.
+func newMasterBackend(ctx context.Context, cfg ClusterConfig) (*masterBackend, error) {
+	b := &masterBackend{
+		masters:    strings.Join(cfg.Masters, ","),
+		rpcTimeout: cfg.Timeout,
+		hedgeDelay: cfg.HedgeDelay,
+		log:        cfg.Logger,
+		kick:       make(chan struct{}, 1),
+	}
+	b.budget.tokens = hedgeBurst
+	for i, addr := range cfg.Masters {
+		c, err := masterconn.New(masterconn.Options{
+			Address:        addr,
+			Creds:          cfg.TransportCredentials,
+			AllowPlaintext: cfg.AllowPlaintext,
+			MaxReplyBytes:  cfg.MaxReplyBytes,
+			MaxNodes:       cfg.MaxNodes,
+			StatsHandler:   cfg.StatsHandler,
+			Redial:         masterRedial,
+			ConnectTimeout: masterConnectTimeout,
+		})
+		if err != nil {
+			b.closeChannels()
+			return nil, err
+		}
+		b.replicas = append(b.replicas, &replica{idx: i, addr: addr, c: c})
+	}
+	// Every replica is asked at once; once one has answered, the others
+	// get attachGrace more, then are set aside and probed back.
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type probed struct {
+		i   int
+		err error
+	}
+	done := make(chan probed, len(b.replicas))
+	for i, r := range b.replicas {
+		go func() { done <- probed{i, r.c.Probe(pctx, true)} }()
+	}
+	errs := make([]error, len(b.replicas))
+	for i := range errs {
+		errs[i] = context.Canceled // not answered in time
+	}
+	answered := 0
+	var grace <-chan time.Time
+	for left := len(b.replicas); left > 0; {
+		select {
+		case p := <-done:
+			left--
+			errs[p.i] = p.err
+			if p.err == nil {
+				answered++
+				if grace == nil {
+					t := time.NewTimer(attachGrace)
+					defer t.Stop()
+					grace = t.C
+				}
+			}
+			continue
+		case <-grace:
+		}
+		break
+	}
+	cancel() // a probe still waiting fails; it is set aside below
+	for i, r := range b.replicas {
+		if errs[i] == nil {
+			r.up.Store(true)
+		} else {
+			r.aside.Store(true)
+			errs[i] = fmt.Errorf("%s: %w", r.addr, errs[i])
+		}
+	}
+	if answered == 0 {
+		b.closeChannels()
+		if len(errs) == 1 {
+			return nil, errors.Unwrap(errs[0])
+		}
+		return nil, errors.Join(errs...)
+	}
+	wctx, stop := context.WithCancel(context.Background())
+	b.stop = stop
+	for _, r := range b.replicas {
+		b.wg.Go(func() { b.watch(wctx, r) })
+	}
+	b.wg.Go(func() { b.probe(wctx) })
+	return b, nil
+}
+
+func (b *masterBackend) closeChannels() {
+	for _, r := range b.replicas {
+		_ = r.c.Close()
+	}
+}
+
+// watch follows r's channel until close: READY is up, anything else down;
+// an idle channel (a lost connection) is redialled at once.
+func (b *masterBackend) watch(ctx context.Context, r *replica) {
 	// The channel's state can lag behind the call that proved it working
 	// (gRPC installs the picker before it reports READY): a CONNECTING
 	// before the first READY is that lag, not a lost master.
-	settled := false
-	for s := b.c.State(); ; s = b.c.State() {
-		next := StateReconnecting
+	settled := !r.up.Load()
+	for s := r.c.State(); ; s = r.c.State() {
+		up := false
 		switch s {
 		case connectivity.Ready:
-			next, settled = StateConnected, true
+			up, settled = true, true
 		case connectivity.Connecting:
-			if !settled {
-				next = StateConnected
-			}
+			up = !settled
 		case connectivity.Idle:
-			b.c.Connect() // a lost connection: redial now
+			r.c.Connect()
 		case connectivity.Shutdown:
 			return
 		}
 		if s != connectivity.Connecting {
 			settled = true
 		}
-		if prev := b.st.get(); prev != next && b.st.move(prev, next) {
-			if next == StateConnected {
-				b.log.Info("UMBP master is back; lookups go to it again", "master", b.addr)
-			} else {
-				b.log.Warn("UMBP master connection lost; lookups answer misses until it is back", "master", b.addr, "grpc_state", s.String())
-			}
+		if r.up.Swap(up) != up {
+			b.log.Debug("UMBP master replica's channel", "replica", r.addr, "up", up, "grpc_state", s.String())
+			b.update()
+			b.poke()
 		}
-		if !b.c.WaitForStateChange(ctx, s) {
+		if !r.c.WaitForStateChange(ctx, s) {
 			return
 		}
 	}
 }
+
+// update moves the handle's state: connected while one replica at least
+// is usable.
+func (b *masterBackend) update() {
+	next := StateReconnecting
+	for _, r := range b.replicas {
+		if r.usable() {
+			next = StateConnected
+			break
+		}
+	}
+	if prev := b.st.get(); prev != next && b.st.move(prev, next) {
+		if next == StateConnected {
+			b.log.Info("UMBP master is back; lookups go to it again", "masters", b.masters)
+		} else {
+			b.log.Warn("no UMBP master replica answers; lookups answer misses until one does", "masters", b.masters)
+		}
+	}
+}
+
+func (b *masterBackend) poke() {
+	select {
+	case b.kick <- struct{}{}:
+	default:
+	}
+}
+
+// setAside takes r out of the calls' way until a probe answers, unless it
+// is the last usable replica: a pool whose every replica is stuck is the
+// caller's to wait out (its calls then answer misses at once).
+func (b *masterBackend) setAside(r *replica, why string) {
+	others := false
+	for _, o := range b.replicas {
+		if o != r && o.usable() {
+			others = true
+			break
+		}
+	}
+	if !others || !r.aside.CompareAndSwap(false, true) {
+		return
+	}
+	r.setAsides.Add(1)
+	b.log.Debug("UMBP master replica set aside; probing it", "replica", r.addr, "why", why)
+	b.update()
+	b.poke()
+}
+
+// probe asks every replica set aside, every probeInterval, whether it
+// answers again (a call of no keys, bounded by probeTimeout); one that
+// does is used again.
+func (b *masterBackend) probe(ctx context.Context) {
+	tick := time.NewTicker(probeInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-b.kick:
+		}
+		var wg sync.WaitGroup
+		for _, r := range b.replicas {
+			if !r.aside.Load() || !r.up.Load() {
+				continue // usable, or down: gRPC redials it
+			}
+			wg.Go(func() {
+				pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+				err := r.c.Probe(pctx, false)
+				cancel()
+				if err == nil && r.aside.CompareAndSwap(true, false) {
+					b.log.Debug("UMBP master replica answers again", "replica", r.addr)
+					b.update()
+				}
+			})
+		}
+		wg.Wait()
+	}
+}
+
+// pick returns the usable replica not tried yet with the fewest calls in
+// flight, in turn among equals; nil when there is none.
+func (b *masterBackend) pick(tried []bool) *replica {
+	n := len(b.replicas)
+	start := int(b.turn.Add(1) % uint64(n))
+	var best *replica
+	for k := range n {
+		r := b.replicas[(start+k)%n]
+		if tried[r.idx] || !r.usable() {
+			continue
+		}
+		if best == nil || r.inflight.Load() < best.inflight.Load() {
+			best = r
+		}
+	}
+	return best
+}
+
+// ask runs fn on one usable replica, bounded by Timeout; a second one when
+// the first has not answered within the hedge delay (and the budget
+// allows); another at once when one fails. The first good answer wins and
+// the replicas still asking are cancelled and, overtaken, set aside. When
+// every replica asked failed, the call fails with their errors; when they
+// all said their store is unavailable, with errStoreUnavailable.
+//
+// start, on the caller's goroutine, makes what runs the call on one
+// replica (it may take what the call sends, such as a share of encoded
+// bytes); what it makes runs on a goroutine of its own.
+func ask[T any](ctx context.Context, b *masterBackend, start func(*replica) func(context.Context) (T, error)) (T, error) {
+	var zero T
+	type answer struct {
+		r     *replica
+		v     T
+		err   error
+		taken time.Duration
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	answers := make(chan answer, len(b.replicas))
+	tried := make([]bool, len(b.replicas))    // asked
+	answered := make([]bool, len(b.replicas)) // asked, and answered or failed
+	launch := func(hedge bool) bool {
+		r := b.pick(tried)
+		if r == nil {
+			return false
+		}
+		tried[r.idx] = true
+		r.inflight.Add(1)
+		r.calls.Add(1)
+		if hedge {
+			r.hedges.Add(1)
+		}
+		run := start(r)
+		go func() {
+			began := time.Now()
+			actx, acancel := context.WithTimeout(ctx, b.rpcTimeout)
+			v, err := run(actx)
+			acancel()
+			r.inflight.Add(-1)
+			answers <- answer{r, v, err, time.Since(began)}
+		}()
+		return true
+	}
+	b.budget.deposit()
+	if !launch(false) {
+		return zero, errReconnecting
+	}
+	var hedge <-chan time.Time
+	if b.hedgeDelay > 0 && len(b.replicas) > 1 {
+		t := time.NewTimer(b.hedgeDelay)
+		defer t.Stop()
+		hedge = t.C
+	}
+	var errs []error
+	stores := 0
+	for pending := 1; ; {
+		select {
+		case a := <-answers:
+			pending--
+			answered[a.r.idx] = true
+			if a.err == nil {
+				a.r.wins.Add(1)
+				a.r.observe(a.taken)
+				a.r.overtaken.Store(0)
+				for i, r := range b.replicas {
+					if tried[i] && !answered[i] && r.overtaken.Add(1) >= overtakenLimit {
+						// Still asking, call after call, when another
+						// answered: stalled (or far slower than the
+						// rest). Its attempt is cancelled.
+						b.setAside(r, "overtaken by "+a.r.addr)
+					}
+				}
+				return a.v, nil
+			}
+			errs = append(errs, fmt.Errorf("%s: %w", a.r.addr, a.err))
+			switch {
+			case isStoreFault(a.err):
+				stores++ // the store is every replica's: asking another helps nothing
+			case errors.Is(a.err, ErrUnavailable) && ctx.Err() == nil:
+				// The replica refused or went away under the call: ask
+				// another at once.
+				b.setAside(a.r, a.err.Error())
+				if launch(false) {
+					pending++
+				}
+			}
+			if pending == 0 {
+				if stores == len(errs) {
+					b.storeDown(a.err)
+					return zero, fmt.Errorf("%w: %w", errStoreUnavailable, errors.Join(errs...))
+				}
+				if len(errs) == 1 {
+					return zero, a.err
+				}
+				return zero, errors.Join(errs...)
+			}
+		case <-hedge:
+			hedge = nil
+			if b.budget.take() && launch(true) {
+				pending++
+			}
+		case <-ctx.Done():
+			return zero, ctx.Err()
+		}
+	}
+}
+
+// storeDown says, at most every failureLogInterval, that the master's
+// store is unavailable: the store's fault, every replica's alike, so it
+// names the store (the masters), not a replica.
+func (b *masterBackend) storeDown(err error) {
+	if !b.storeWarn.allow() {
+		return
+	}
+	said := err.Error()
+	if s, ok := status.FromError(err); ok {
+		said = s.Message()
+	}
+	if i := strings.Index(said, storeUnavailableText); i >= 0 {
+		said = said[i:]
+	}
+	b.log.Warn("UMBP master's metadata store is unavailable (every replica asked says so); lookups answer misses until it is back",
+		"masters", b.masters, "said", said)
+}
+
+// observe folds one answer's time into r's moving average.
+func (r *replica) observe(d time.Duration) {
+	old := r.latency.Load()
+	if old == 0 {
+		r.latency.Store(int64(d))
+		return
+	}
+	r.latency.Store(old + (int64(d)-old)/8)
+}
+
+// hedgeBudget bounds hedges as gRFC A6's throttling does: every call
+// deposits hedgeRatio tokens, up to hedgeBurst; a hedge takes one.
+type hedgeBudget struct {
+	mu     sync.Mutex
+	tokens float64
+}
+
+func (h *hedgeBudget) deposit() {
+	h.mu.Lock()
+	h.tokens = min(h.tokens+hedgeRatio, hedgeBurst)
+	h.mu.Unlock()
+}
+
+func (h *hedgeBudget) take() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.tokens < 1 {
+		return false
+	}
+	h.tokens--
+	return true
+}
+
+// --- lookupBackend ----------------------------------------------------------
 
 func (b *masterBackend) session() (lookupSource, error) {
 	switch b.st.get() {
@@ -98,30 +486,49 @@ func (b *masterBackend) encode(keys []string) (encoded.Keys, error) {
 func (b *masterBackend) close(_ <-chan struct{}, timeout time.Duration) error {
 	b.st.close()
 	b.stop()
-	<-b.done
-	done := make(chan error, 1)
-	go func() { done <- b.c.Close() }()
+	b.wg.Wait()
+	done := make(chan struct{})
+	go func() {
+		b.closeChannels()
+		close(done)
+	}()
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	select {
-	case err := <-done:
-		return err
+	case <-done:
+		return nil
 	case <-timer.C:
 		return errLeftOpen(fmt.Sprintf("closing it did not return in %v", timeout))
 	}
 }
 
-// bound gives a call to the master its deadline, Timeout: over TCP the
-// timer costs little beside the round trip, and a stalled master's call
-// ends by itself, freeing the handle's calls after it.
-func (b *masterBackend) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, b.rpcTimeout)
+// replicaStats are the per-replica counters of Stats.
+func (b *masterBackend) replicaStats() []ReplicaStats {
+	out := make([]ReplicaStats, len(b.replicas))
+	for i, r := range b.replicas {
+		st := StateReconnecting
+		if b.st.get() == StateClosed {
+			st = StateClosed
+		} else if r.usable() {
+			st = StateConnected
+		}
+		out[i] = ReplicaStats{
+			Addr: r.addr, State: st, SetAside: r.aside.Load(),
+			Calls: r.calls.Load(), Hedges: r.hedges.Load(), Answers: r.wins.Load(), SetAsides: r.setAsides.Load(),
+			Latency: time.Duration(r.latency.Load()),
+		}
+	}
+	return out
 }
 
+// --- lookupSource -------------------------------------------------------------
+
 func (b *masterBackend) exists(ctx context.Context, keys encoded.Keys) ([]bool, error) {
-	ctx, cancel := b.bound(ctx)
-	defer cancel()
-	return b.c.BatchLookupEncoded(ctx, keys)
+	defer keys.Free() // each attempt sends (and frees) a share of its own
+	return ask(ctx, b, func(r *replica) func(context.Context) ([]bool, error) {
+		mine := keys.Share()
+		return func(ctx context.Context) ([]bool, error) { return r.c.BatchLookupEncoded(ctx, mine) }
+	})
 }
 
 // prefix is the master's BatchLookup, counted up to the first miss: it has
@@ -140,9 +547,9 @@ func (b *masterBackend) prefix(ctx context.Context, keys encoded.Keys) (int, err
 }
 
 func (b *masterBackend) match(ctx context.Context, hashes []string) ([]masterconn.NodeMatch, error) {
-	ctx, cancel := b.bound(ctx)
-	defer cancel()
-	return b.c.MatchExternalKv(ctx, hashes)
+	return ask(ctx, b, func(r *replica) func(context.Context) ([]masterconn.NodeMatch, error) {
+		return func(ctx context.Context) ([]masterconn.NodeMatch, error) { return r.c.MatchExternalKv(ctx, hashes) }
+	})
 }
 
 // clear is refused: a distributed pool is cleared by its nodes, as in vLLM.
@@ -151,9 +558,10 @@ func (b *masterBackend) clear(context.Context) (bool, error) {
 }
 
 func (b *masterBackend) ping(ctx context.Context) (ServerCapabilities, error) {
-	ctx, cancel := b.bound(ctx)
-	defer cancel()
-	if err := b.c.Probe(ctx, false); err != nil {
+	_, err := ask(ctx, b, func(r *replica) func(context.Context) (struct{}, error) {
+		return func(ctx context.Context) (struct{}, error) { return struct{}{}, r.c.Probe(ctx, false) }
+	})
+	if err != nil {
 		return ServerCapabilities{}, err
 	}
 	return ServerCapabilities{Ready: true, Mode: MasterMode}, nil

@@ -71,6 +71,30 @@ var masterRedial = backoff.Policy{Base: 50 * time.Millisecond, Max: 500 * time.M
 
 const masterConnectTimeout = 20 * time.Second
 
+// A handle on the master's replicas: a set-aside replica is probed every
+// probeInterval, each probe bounded by probeTimeout, so one that answers
+// again is used within about their sum. Hedges are budgeted as gRFC A6
+// throttles retries: every call earns hedgeRatio of a token, up to
+// hedgeBurst; a hedge spends one: at most about one call in ten is asked
+// twice when the replicas are slow, after a burst of hedgeBurst.
+// A handle's first attach to the replicas gives the others attachGrace once
+// one has answered; those still silent are set aside and probed back. A
+// replica another answered before overtakenLimit calls in a row is set
+// aside too.
+const (
+	attachGrace    = 100 * time.Millisecond
+	overtakenLimit = 3
+	probeInterval  = 250 * time.Millisecond
+	probeTimeout   = 250 * time.Millisecond
+	hedgeRatio     = 0.1
+	hedgeBurst     = 10
+)
+
+// A scheduler handle's calls run on at most lookupWorkers detached
+// goroutines a connection (calls in flight at once, from callers of their
+// own; a call that overran holds the later ones off).
+const lookupWorkers = 16
+
 // quarantineMax bounds the keys a handle keeps in quarantine; past it,
 // new keys are not quarantined until old ones expire.
 const quarantineMax = 1 << 20

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -68,37 +70,22 @@ func (r *StandaloneRuntime) NewSchedulerHandle(ctx context.Context) (*SchedulerH
 // (a distributed pool is cleared by its nodes, not by a scheduler, as in
 // vLLM).
 func (r *ClusterRuntime) NewSchedulerHandle(ctx context.Context) (*SchedulerHandle, error) {
-	fail := func(err error) (*SchedulerHandle, error) { return nil, opError("attach", r.cfg.Master, err) }
-	c, err := masterconn.New(masterconn.Options{
-		Address:        r.cfg.Master,
-		Creds:          r.cfg.TransportCredentials,
-		AllowPlaintext: r.cfg.AllowPlaintext,
-		MaxReplyBytes:  r.cfg.MaxReplyBytes,
-		MaxNodes:       r.cfg.MaxNodes,
-		StatsHandler:   r.cfg.StatsHandler,
-		Redial:         masterRedial,
-		ConnectTimeout: masterConnectTimeout,
-	})
-	if err != nil {
-		return fail(err)
-	}
+	addr := strings.Join(r.cfg.Masters, ",")
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.StartupTimeout)
-	err = c.Probe(pctx, true)
+	b, err := newMasterBackend(pctx, r.cfg)
 	cancel()
 	if err != nil {
-		_ = c.Close()
-		return fail(err)
+		return nil, opError("attach", addr, err)
 	}
-	b := newMasterBackend(c, r.cfg)
 	calls, err := newCaller(b, r.cfg.LookupTimeout)
 	if err != nil {
 		_ = b.close(nil, r.cfg.Timeout)
-		return fail(err)
+		return nil, opError("attach", addr, err)
 	}
 	return &SchedulerHandle{
 		backend:      b,
 		calls:        calls,
-		address:      r.cfg.Master,
+		address:      addr,
 		what:         "UMBP master",
 		log:          r.cfg.Logger,
 		closeTimeout: r.cfg.Timeout,
@@ -137,7 +124,7 @@ func (h *SchedulerHandle) WaitForStateChange(ctx context.Context, from HandleSta
 // Stats returns a snapshot of the handle's health and counters.
 func (h *SchedulerHandle) Stats() Stats {
 	st := h.backend.states()
-	return Stats{State: st.get(), Capabilities: h.backend.capabilities(), Reconnects: st.reconnects.Load(), Lookups: h.stats.snapshot()}
+	return Stats{State: st.get(), Capabilities: h.backend.capabilities(), Reconnects: st.reconnects.Load(), Lookups: h.stats.snapshot(), Replicas: h.backend.replicaStats()}
 }
 
 // Lookup reports, for each key, whether the pool holds it. It returns one
@@ -334,8 +321,11 @@ func (h *SchedulerHandle) Score(ctx context.Context, req ScoreRequest) (Scores, 
 	h.stats.lookups.Add(1)
 	a, err := call(ctx, h.calls, "score", func(ctx context.Context, src lookupSource) (answer, error) {
 		var a answer
+		// The two halves go out at once (to two replicas of a master,
+		// where it has them).
+		var wg sync.WaitGroup
 		if len(hashes) > 0 {
-			a.nodes, a.errs[0] = src.match(ctx, hashes)
+			wg.Go(func() { a.nodes, a.errs[0] = src.match(ctx, hashes) })
 		}
 		switch {
 		case len(keys) == 0:
@@ -348,6 +338,7 @@ func (h *SchedulerHandle) Score(ctx context.Context, req ScoreRequest) (Scores, 
 				a.prefix = 0
 			}
 		}
+		wg.Wait()
 		// A call whose both halves failed failed: the handle's fail-fast
 		// and the link's reconnect see it.
 		if a.errs[0] != nil && (a.errs[1] != nil || len(keys) == 0) {
@@ -443,6 +434,9 @@ func (h *SchedulerHandle) logFailure(op string, err error) {
 	}
 	if errors.Is(err, ErrClosed) || !h.failures.allow() {
 		return
+	}
+	if errors.Is(err, errStoreUnavailable) {
+		return // the store's fault, which the backend says once
 	}
 	h.log.Warn(h.what+" call failed; treating as a miss", "op", op, "endpoint", h.address, "err", err)
 }

@@ -1,6 +1,9 @@
 package umbp
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+	"time"
+)
 
 // Stats is a snapshot of a handle's health: its state, what the server
 // offers, and its counters since the handle was created. Both kinds of
@@ -13,6 +16,28 @@ type Stats struct {
 
 	Lookups   LookupStats   // a scheduler handle's; zero on a worker handle
 	Transfers TransferStats // a worker handle's; zero on a scheduler handle
+	// Replicas are a scheduler handle's master replicas, in the order of
+	// ClusterConfig.Masters; nil on a standalone server.
+	Replicas []ReplicaStats
+}
+
+// ReplicaStats are the counters of one of the master's replicas, as one
+// handle sees it.
+type ReplicaStats struct {
+	Addr string
+	// State is StateConnected while calls go to it: its channel is up and
+	// it is not set aside.
+	State HandleState
+	// SetAside: it was overtaken by another replica's answer or failed,
+	// and is probed until it answers again.
+	SetAside bool
+	Calls    uint64 // calls sent to it, hedges included
+	Hedges   uint64 // calls sent to it because another had not answered in time
+	Answers  uint64 // its answers that were used
+	// SetAsides counts the times it was set aside.
+	SetAsides uint64
+	// Latency is a moving average of its answers' time.
+	Latency time.Duration
 }
 
 // LookupStats are a scheduler handle's counters.

@@ -258,7 +258,7 @@ type clusterCommon struct {
 }
 
 func (cf *clusterCommon) register(fs *flag.FlagSet, c *common) {
-	fs.StringVar(&cf.master, "master", os.Getenv("UMBP_MASTER_ADDRESS"), "the master's host:port (default $UMBP_MASTER_ADDRESS)")
+	fs.StringVar(&cf.master, "master", os.Getenv("UMBP_MASTER_ADDRESS"), "the master's host:port, or its replicas' separated by commas (default $UMBP_MASTER_ADDRESS)")
 	fs.DurationVar(&cf.timeout, "timeout", 5*time.Second, "how long to wait for the master at start, and for each call")
 	fs.BoolVar(&cf.allowPlaintext, "allow-plaintext", false, "allow plaintext to a master that is not on loopback (anyone on the path can read and forge)")
 	fs.StringVar(&cf.ca, "tls-ca", "", "PEM file of the CA that signed the master's certificate: use TLS")
@@ -267,6 +267,9 @@ func (cf *clusterCommon) register(fs *flag.FlagSet, c *common) {
 	fs.StringVar(&cf.serverName, "tls-server-name", "", "the name the master's certificate must hold (default: the host of -master)")
 	fs.BoolVar(&c.verbose, "v", false, "show the client library's log on stderr, debug messages included (without -v it shows none)")
 }
+
+// masters are the addresses -master names.
+func (cf *clusterCommon) masters() []string { return strings.Split(cf.master, ",") }
 
 // check refuses, as a usage error, a master address or TLS flags that
 // cannot work, naming the flag that fixes each.
@@ -277,8 +280,18 @@ func (cf *clusterCommon) check() error {
 	if cf.timeout <= 0 {
 		return fmt.Errorf("%w: -timeout must be positive", errUsage)
 	}
-	if strings.Contains(cf.master, "://") || strings.HasPrefix(cf.master, "/") {
-		return fmt.Errorf("%w: -master %s is not host:port: MORI's master listens on TCP; a unix socket is a node's server, which 'umbp lookup -endpoint %s' asks", errUsage, cf.master, cf.master)
+	for _, m := range cf.masters() {
+		if err := cf.checkAddress(m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkAddress checks one of -master's addresses, and the TLS flags for it.
+func (cf *clusterCommon) checkAddress(m string) error {
+	if strings.Contains(m, "://") || strings.HasPrefix(m, "/") {
+		return fmt.Errorf("%w: -master %s is not host:port: MORI's master listens on TCP; a unix socket is a node's server, which 'umbp lookup -endpoint %s' asks", errUsage, m, m)
 	}
 	if cf.ca == "" && (cf.cert != "" || cf.key != "") {
 		return fmt.Errorf("%w: -tls-cert and -tls-key need -tls-ca", errUsage)
@@ -286,12 +299,12 @@ func (cf *clusterCommon) check() error {
 	if (cf.cert == "") != (cf.key == "") {
 		return fmt.Errorf("%w: -tls-cert and -tls-key go together", errUsage)
 	}
-	err := masterconn.CheckAddress(cf.master, cf.ca == "", cf.allowPlaintext)
+	err := masterconn.CheckAddress(m, cf.ca == "", cf.allowPlaintext)
 	switch {
 	case errors.Is(err, masterconn.ErrPlaintext):
-		return fmt.Errorf("%w: -master %s is not on loopback, and MORI's master speaks plaintext TCP without authentication (anyone on the path can read the prompts' keys and forge the answers): give -tls-ca for TLS, or pass -allow-plaintext", errUsage, cf.master)
+		return fmt.Errorf("%w: -master %s is not on loopback, and MORI's master speaks plaintext TCP without authentication (anyone on the path can read the prompts' keys and forge the answers): give -tls-ca for TLS, or pass -allow-plaintext", errUsage, m)
 	case err != nil:
-		return fmt.Errorf("%w: -master %s: %w", errUsage, cf.master, err)
+		return fmt.Errorf("%w: -master %s: %w", errUsage, m, err)
 	}
 	return nil
 }
@@ -319,29 +332,42 @@ func (cf *clusterCommon) creds() (credentials.TransportCredentials, error) {
 	return credentials.NewTLS(cfg), nil
 }
 
-// reachable returns at once, as an error in words, what keeps the master
-// from answering now: no process listening at its address (refused), or
-// an address that cannot be reached. The library would wait up to
-// -timeout; the tool asks about the master that runs. It connects and
-// closes at once, sending nothing.
+// reachable returns at once, as an error in words, what keeps every
+// master replica from answering now: no process listening at its address
+// (refused), or an address that cannot be reached. The library would wait
+// up to -timeout; the tool asks about the masters that run. It connects
+// and closes at once, sending nothing.
 func (cf *clusterCommon) reachable(ctx context.Context) error {
+	var errs []error
+	for _, m := range cf.masters() {
+		err := cf.reach(ctx, m)
+		if err == nil {
+			return nil
+		}
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// reach is reachable for one address.
+func (cf *clusterCommon) reach(ctx context.Context, master string) error {
 	d := net.Dialer{Timeout: cf.timeout}
-	conn, err := d.DialContext(ctx, "tcp", cf.master)
+	conn, err := d.DialContext(ctx, "tcp", master)
 	var dnsErr *net.DNSError
 	switch {
 	case err == nil:
 		_ = conn.Close()
 		return nil
 	case errors.Is(err, syscall.ECONNREFUSED):
-		return fmt.Errorf("no master listens on %s (connection refused): start it, or name it with -master (or $UMBP_MASTER_ADDRESS)", cf.master)
+		return fmt.Errorf("no master listens on %s (connection refused): start it, or name it with -master (or $UMBP_MASTER_ADDRESS)", master)
 	case errors.As(err, &dnsErr):
-		return fmt.Errorf("cannot resolve the master's host in -master %s: %v", cf.master, dnsErr)
+		return fmt.Errorf("cannot resolve the master's host in -master %s: %v", master, dnsErr)
 	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("the master at %s did not accept a connection within %v (-timeout): a wrong address, or a network that drops the packets?", cf.master, cf.timeout)
+		return fmt.Errorf("the master at %s did not accept a connection within %v (-timeout): a wrong address, or a network that drops the packets?", master, cf.timeout)
 	case ctx.Err() != nil:
 		return fmt.Errorf("interrupted: %w", ctx.Err())
 	}
-	return fmt.Errorf("cannot reach the master at %s: %w", cf.master, err)
+	return fmt.Errorf("cannot reach the master at %s: %w", master, err)
 }
 
 // handle checks that the master can be reached and attaches a scheduler
@@ -355,7 +381,7 @@ func (cf *clusterCommon) handle(ctx context.Context, c *common) (*umbp.Scheduler
 		return nil, err
 	}
 	rt, err := umbp.NewClusterRuntime(umbp.ClusterConfig{
-		Master: cf.master, TransportCredentials: creds, AllowPlaintext: cf.allowPlaintext,
+		Masters: cf.masters(), TransportCredentials: creds, AllowPlaintext: cf.allowPlaintext,
 		LookupTimeout: cf.timeout, Timeout: cf.timeout, StartupTimeout: cf.timeout,
 		LoadFailureQuarantine: -1, Logger: c.log,
 	})

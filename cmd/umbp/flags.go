@@ -81,7 +81,7 @@ func onlyFlags(fs *flag.FlagSet, allowed []string, where string) error {
 // an error of NewStandaloneRuntime or NewClusterRuntime can name, the flag
 // that sets it.
 var configFlags = []struct{ field, flag string }{
-	{"ClusterConfig.Master", "-master"},
+	{"ClusterConfig.Masters", "-master"},
 	{"ClusterConfig.LookupTimeout", "-timeout"},
 	{"ClusterConfig.StartupTimeout", "-timeout"},
 	{"ClusterConfig.Timeout", "-timeout"},

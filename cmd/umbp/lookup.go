@@ -109,6 +109,18 @@ func scheduler(ctx context.Context, rt *umbp.StandaloneRuntime) (*umbp.Scheduler
 // closeScheduler closes h; a handle left open (a lookup the server never
 // answered) is worth a line, not a failure.
 func closeScheduler(e env, cmd string, h *umbp.SchedulerHandle) {
+	if rs := h.Stats().Replicas; len(rs) > 1 {
+		// Each of the master's replicas, as this call saw it: where the
+		// answer came from, and what was set aside.
+		for _, r := range rs {
+			state := r.State.String()
+			if r.SetAside {
+				state = "set aside"
+			}
+			fmt.Fprintf(e.stderr, "replica %s: %s, %d calls (%d hedged), %d answers, set aside %d times, %v a call\n",
+				r.Addr, state, r.Calls, r.Hedges, r.Answers, r.SetAsides, r.Latency.Round(time.Microsecond))
+		}
+	}
 	if err := h.Close(); err != nil {
 		fmt.Fprintf(e.stderr, "umbp %s: %s\n", cmd, said(err.Error()))
 	}

@@ -101,7 +101,7 @@ func run(master string, out io.Writer, log *slog.Logger) error {
 
 	// The router: one scheduler handle on the master. Every call is
 	// bounded by LookupTimeout; a stalled master answers "nothing held".
-	rt, err := umbp.NewClusterRuntime(umbp.ClusterConfig{Master: master, LookupTimeout: 500 * time.Millisecond, Logger: log})
+	rt, err := umbp.NewClusterRuntime(umbp.ClusterConfig{Masters: []string{master}, LookupTimeout: 500 * time.Millisecond, Logger: log})
 	if err != nil {
 		return err
 	}

@@ -128,6 +128,17 @@ func (m *Message) Bytes() []byte {
 	return m.data.Materialize()
 }
 
+// Share returns a second reference to the message's bytes, to send them
+// twice (a hedged call): each reference is sent or freed once, and the
+// buffer goes back to the pool with the last. Nil once sent.
+func (m *Message) Share() *Message {
+	if m.data == nil {
+		return &Message{}
+	}
+	m.data.Ref()
+	return &Message{data: m.data}
+}
+
 // Free gives the buffer of a message that was not sent back to the pool.
 // It does nothing to a message already sent. A message dropped without
 // Free is left to the garbage collector.
@@ -184,6 +195,15 @@ type Keys struct {
 type Part struct {
 	Start, End int
 	Msg        *Message
+}
+
+// Share returns a second reference to every part of k (Message.Share).
+func (k Keys) Share() Keys {
+	parts := make([]Part, len(k.Parts))
+	for i, p := range k.Parts {
+		parts[i] = Part{Start: p.Start, End: p.End, Msg: p.Msg.Share()}
+	}
+	return Keys{N: k.N, Parts: parts}
 }
 
 // Free frees every part not sent.

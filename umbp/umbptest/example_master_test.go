@@ -40,7 +40,7 @@ func ExampleNode() {
 	}
 	defer b.Close()
 
-	rt, err := umbp.NewClusterRuntime(umbp.ClusterConfig{Master: m.Addr(), LookupTimeout: time.Second, Logger: slog.New(slog.DiscardHandler)})
+	rt, err := umbp.NewClusterRuntime(umbp.ClusterConfig{Masters: []string{m.Addr()}, LookupTimeout: time.Second, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		panic(err)
 	}
@@ -97,7 +97,7 @@ func ExampleReplicatedMaster() {
 	// A handle on each of replicas 1 and 2.
 	var hs []*umbp.SchedulerHandle
 	for _, replica := range []int{1, 2} {
-		rt, err := umbp.NewClusterRuntime(umbp.ClusterConfig{Master: r.Replica(replica).Addr(), LookupTimeout: time.Second, Logger: slog.New(slog.DiscardHandler)})
+		rt, err := umbp.NewClusterRuntime(umbp.ClusterConfig{Masters: []string{r.Replica(replica).Addr()}, LookupTimeout: time.Second, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			panic(err)
 		}

@@ -16,7 +16,7 @@
 //
 //	m := umbptest.NewMaster(t, umbptest.MasterOptions{})
 //	umbptest.NewNode(t, m.Addr(), umbptest.NodeOptions{ID: "node-a", Keys: keys})
-//	cfg := umbp.ClusterConfig{Master: m.Addr()}
+//	cfg := umbp.ClusterConfig{Masters: []string{m.Addr()}}
 package umbptest
 
 import (
