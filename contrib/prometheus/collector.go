@@ -11,7 +11,9 @@
 // are the handle's own since it was created; gauges are read at each
 // scrape. A scheduler handle exports the lookup metrics (its
 // Stats.Lookups), a worker handle the transfer metrics (its Stats.Transfers),
-// and both the state and reconnect metrics.
+// and both the state and reconnect metrics. A scheduler handle on MORI's
+// master exports each replica's metrics too, labelled with its address
+// ("replica").
 package umbpprometheus
 
 import (
@@ -39,6 +41,8 @@ type Collector struct {
 	lookups, hits, misses, timeouts, failures             *prometheus.Desc
 	submitted, completed, failed, refused, blocked        *prometheus.Desc
 	bytesStored, bytesLoaded, abandonedBufs, abandonedLen *prometheus.Desc
+	replicaUp, replicaAside, replicaCalls, replicaHedges  *prometheus.Desc
+	replicaAnswers, replicaSetAsides, replicaLatency      *prometheus.Desc
 }
 
 // NewCollector returns a collector with no handles; metric names start with
@@ -66,6 +70,14 @@ func NewCollector() *Collector {
 		bytesLoaded:   d("loaded_bytes_total", "Object bytes of keys loaded."),
 		abandonedBufs: d("abandoned_buffers", "Buffers that Close left registered because transfers still held them."),
 		abandonedLen:  d("abandoned_bytes", "Bytes of the registered regions of abandoned buffers."),
+
+		replicaUp:        d("master_replica_up", "1 while calls go to the master replica (its channel up, not set aside).", "replica"),
+		replicaAside:     d("master_replica_set_aside", "1 while the master replica is set aside (stalled or refusing) and probed.", "replica"),
+		replicaCalls:     d("master_replica_calls_total", "Calls sent to the master replica, hedges included.", "replica"),
+		replicaHedges:    d("master_replica_hedges_total", "Calls sent to the master replica because another had not answered within the hedge delay.", "replica"),
+		replicaAnswers:   d("master_replica_answers_total", "The master replica's answers that were used.", "replica"),
+		replicaSetAsides: d("master_replica_set_asides_total", "Times the master replica was set aside.", "replica"),
+		replicaLatency:   d("master_replica_latency_seconds", "A moving average of the master replica's answers' time.", "replica"),
 	}
 }
 
@@ -91,6 +103,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.lookups, c.hits, c.misses, c.timeouts, c.failures,
 		c.submitted, c.completed, c.failed, c.refused, c.blocked,
 		c.bytesStored, c.bytesLoaded, c.abandonedBufs, c.abandonedLen,
+		c.replicaUp, c.replicaAside, c.replicaCalls, c.replicaHedges,
+		c.replicaAnswers, c.replicaSetAsides, c.replicaLatency,
 	} {
 		ch <- d
 	}
@@ -115,8 +129,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, append([]string{name}, labels...)...)
 		}
-		counter := func(d *prometheus.Desc, v uint64) {
-			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), name)
+		counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), append([]string{name}, labels...)...)
 		}
 		for _, st := range []umbp.HandleState{umbp.StateConnected, umbp.StateReconnecting, umbp.StateClosed} {
 			gauge(c.state, b2f(s.State == st), st.String())
@@ -132,6 +146,15 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			counter(c.misses, l.Misses)
 			counter(c.timeouts, l.Timeouts)
 			counter(c.failures, l.Failures)
+		}
+		for _, r := range s.Replicas {
+			gauge(c.replicaUp, b2f(r.State == umbp.StateConnected), r.Addr)
+			gauge(c.replicaAside, b2f(r.SetAside), r.Addr)
+			counter(c.replicaCalls, r.Calls, r.Addr)
+			counter(c.replicaHedges, r.Hedges, r.Addr)
+			counter(c.replicaAnswers, r.Answers, r.Addr)
+			counter(c.replicaSetAsides, r.SetAsides, r.Addr)
+			gauge(c.replicaLatency, r.Latency.Seconds(), r.Addr)
 		}
 		if !scheduler {
 			x := s.Transfers

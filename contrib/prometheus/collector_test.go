@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -230,6 +231,53 @@ umbp_transfers_submitted_total{handle="h"} 21
 `
 	// No names: every metric the collector exports is compared.
 	if err := testutil.CollectAndCompare(c, strings.NewReader(want)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCollectorReplicas pins the per-replica metrics of a handle on the
+// master's replicas: one series a replica, each field its own value.
+func TestCollectorReplicas(t *testing.T) {
+	c := umbpprometheus.NewCollector()
+	c.Add("h", fixedStats{
+		Replicas: []umbp.ReplicaStats{
+			{Addr: "10.0.0.1:15558", State: umbp.StateConnected, Calls: 31, Hedges: 32, Answers: 33, SetAsides: 34, Latency: 1500 * time.Microsecond},
+			{Addr: "10.0.0.2:15558", State: umbp.StateReconnecting, SetAside: true, Calls: 41, Hedges: 42, Answers: 43, SetAsides: 44, Latency: 2 * time.Second},
+		},
+	})
+	const want = `
+# HELP umbp_master_replica_answers_total The master replica's answers that were used.
+# TYPE umbp_master_replica_answers_total counter
+umbp_master_replica_answers_total{handle="h",replica="10.0.0.1:15558"} 33
+umbp_master_replica_answers_total{handle="h",replica="10.0.0.2:15558"} 43
+# HELP umbp_master_replica_calls_total Calls sent to the master replica, hedges included.
+# TYPE umbp_master_replica_calls_total counter
+umbp_master_replica_calls_total{handle="h",replica="10.0.0.1:15558"} 31
+umbp_master_replica_calls_total{handle="h",replica="10.0.0.2:15558"} 41
+# HELP umbp_master_replica_hedges_total Calls sent to the master replica because another had not answered within the hedge delay.
+# TYPE umbp_master_replica_hedges_total counter
+umbp_master_replica_hedges_total{handle="h",replica="10.0.0.1:15558"} 32
+umbp_master_replica_hedges_total{handle="h",replica="10.0.0.2:15558"} 42
+# HELP umbp_master_replica_latency_seconds A moving average of the master replica's answers' time.
+# TYPE umbp_master_replica_latency_seconds gauge
+umbp_master_replica_latency_seconds{handle="h",replica="10.0.0.1:15558"} 0.0015
+umbp_master_replica_latency_seconds{handle="h",replica="10.0.0.2:15558"} 2
+# HELP umbp_master_replica_set_aside 1 while the master replica is set aside (stalled or refusing) and probed.
+# TYPE umbp_master_replica_set_aside gauge
+umbp_master_replica_set_aside{handle="h",replica="10.0.0.1:15558"} 0
+umbp_master_replica_set_aside{handle="h",replica="10.0.0.2:15558"} 1
+# HELP umbp_master_replica_set_asides_total Times the master replica was set aside.
+# TYPE umbp_master_replica_set_asides_total counter
+umbp_master_replica_set_asides_total{handle="h",replica="10.0.0.1:15558"} 34
+umbp_master_replica_set_asides_total{handle="h",replica="10.0.0.2:15558"} 44
+# HELP umbp_master_replica_up 1 while calls go to the master replica (its channel up, not set aside).
+# TYPE umbp_master_replica_up gauge
+umbp_master_replica_up{handle="h",replica="10.0.0.1:15558"} 1
+umbp_master_replica_up{handle="h",replica="10.0.0.2:15558"} 0
+`
+	names := []string{"umbp_master_replica_answers_total", "umbp_master_replica_calls_total", "umbp_master_replica_hedges_total",
+		"umbp_master_replica_latency_seconds", "umbp_master_replica_set_aside", "umbp_master_replica_set_asides_total", "umbp_master_replica_up"}
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), names...); err != nil {
 		t.Fatal(err)
 	}
 }
