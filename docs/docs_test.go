@@ -77,7 +77,7 @@ var quotes = []quote{
 // {SOURCE} or {SOURCE/FORMAT} stands for the value. SOURCE is
 // DIR.NAME, a constant of the package in DIR (exported or not), or
 // flag:COMMAND -NAME, the default of a flag of a command as its help says
-// it (umbp-standalone-server -h, umbp help SUBCOMMAND). FORMAT: MiB, s (seconds of a duration), word (one … ten), or
+// it (umbp-standalone-server -h, umbp help SUBCOMMAND). FORMAT: MiB, ms or s (milliseconds or seconds of a duration), word (one … ten), or
 // nothing for the value as is.
 var figures = []struct{ doc, text string }{
 	{"README.md", "parts (about {internal/conn.partRanges} ranges or {internal/conn.partBytes/MiB} MiB each), {internal/conn.partsInFlight/word} at a time"},
@@ -86,6 +86,7 @@ var figures = []struct{ doc, text string }{
 	{"docs/PROTOCOL.md", "{internal/fdpass.MessageSize}-byte little-endian payload"},
 	{"docs/PROTOCOL.md", "gRPC messages may be up to {internal/rpc.MaxMessageSize/MiB} MiB each way"},
 	{"docs/ARCHITECTURE.md", "by the {internal/rpc.MaxMessageSize/MiB} MiB message limit and into parts of {internal/conn.partRanges} ranges or {internal/conn.partBytes/MiB} MiB) and sends up to {internal/conn.partsInFlight/word} parts at a time"},
+	{"README.md", "`HedgeDelay` ({umbp.DefaultHedgeDelay/ms} ms), to a second"},
 	{"docs/FAILURES.md", "| `LookupTimeout` | {umbp.DefaultLookupTimeout/s} s |"},
 	{"docs/FAILURES.md", "| `Timeout` | {umbp.DefaultTimeout/s} s |"},
 	{"docs/FAILURES.md", "| `StartupTimeout` | {umbp.DefaultStartupTimeout/s} s |"},
@@ -300,6 +301,11 @@ func (w *world) value(t *testing.T, ref string) (string, error) {
 			return "", fmt.Errorf("%s is %d, not whole MiB", src, i)
 		}
 		return strconv.FormatInt(i>>20, 10), nil
+	case "ms":
+		if i%1e6 != 0 {
+			return "", fmt.Errorf("%s is %d ns, not whole milliseconds", src, i)
+		}
+		return strconv.FormatInt(i/1e6, 10), nil
 	case "s":
 		if i%1e9 != 0 {
 			return "", fmt.Errorf("%s is %d ns, not whole seconds", src, i)
