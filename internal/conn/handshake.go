@@ -32,6 +32,16 @@ type firstRead struct {
 	seen atomic.Bool
 }
 
+// Write notices a peer that hung up before gRPC could even send its
+// preface: the write fails where no read has been tried yet.
+func (f *firstRead) Write(p []byte) (int, error) {
+	n, err := f.Conn.Write(p)
+	if err != nil && !f.seen.Load() && (errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)) {
+		f.c.handshake.CompareAndSwap(silent, hungUp)
+	}
+	return n, err
+}
+
 func (f *firstRead) Read(p []byte) (int, error) {
 	n, err := f.Conn.Read(p)
 	if !f.seen.Load() {
