@@ -87,6 +87,7 @@ var figures = []struct{ doc, text string }{
 	{"docs/PROTOCOL.md", "gRPC messages may be up to {internal/rpc.MaxMessageSize/MiB} MiB each way"},
 	{"docs/ARCHITECTURE.md", "by the {internal/rpc.MaxMessageSize/MiB} MiB message limit and into parts of {internal/conn.partRanges} ranges or {internal/conn.partBytes/MiB} MiB) and sends up to {internal/conn.partsInFlight/word} parts at a time"},
 	{"README.md", "`HedgeDelay` ({umbp.DefaultHedgeDelay/ms} ms), to a second"},
+	{"docs/ARCHITECTURE.md", "detached goroutines (up to {umbp.lookupWorkers}, for callers of their own at once)"},
 	{"docs/FAILURES.md", "| `LookupTimeout` | {umbp.DefaultLookupTimeout/s} s |"},
 	{"docs/FAILURES.md", "| `Timeout` | {umbp.DefaultTimeout/s} s |"},
 	{"docs/FAILURES.md", "| `StartupTimeout` | {umbp.DefaultStartupTimeout/s} s |"},

@@ -12,11 +12,12 @@ import (
 	"github.com/umbp-go/umbp-go/internal/masterconn"
 )
 
-// A scheduler handle's calls run on a detached goroutine, one per
-// connection, and the caller waits for each at most LookupTimeout: a call
-// that overran stays in flight and holds later calls off (they fail at
-// once) until it returns, so a stalled server costs one goroutine, never a
-// queue of them, and never a caller's time.
+// A scheduler handle's calls run on detached goroutines, a few per
+// connection (lookupWorkers, for callers of their own at once), and the
+// caller waits for each at most LookupTimeout: a call that overran stays in
+// flight and holds later calls off (they fail at once) until it returns, so
+// a stalled server costs a few goroutines, never a queue of them, and never
+// a caller's time.
 
 // lookupBackend is what a scheduler handle asks: a standalone server
 // through its link (standaloneBackend), or MORI's master (masterBackend).
@@ -62,8 +63,8 @@ var (
 	errNoReply = errors.New("no reply")
 )
 
-// caller runs calls to a backend's current connection on one detached
-// goroutine, bounded by timeout.
+// caller runs calls to a backend's current connection on its detached
+// goroutines, each bounded by timeout.
 type caller struct {
 	backend lookupBackend
 	timeout time.Duration
@@ -90,8 +91,8 @@ func newLookupPool() (*daemonpool.Pool, error) {
 	return daemonpool.New(lookupWorkers, "umbp-lookup", nil)
 }
 
-// call runs fn on c's detached goroutine and waits for it at most c's
-// timeout or until ctx ends; what names the call in its errors.
+// call runs fn on one of c's detached goroutines and waits for it at most
+// c's timeout or until ctx ends; what names the call in its errors.
 func call[T any](ctx context.Context, c *caller, what string, fn func(context.Context, lookupSource) (T, error)) (T, error) {
 	var zero T
 	c.mu.Lock()
@@ -154,7 +155,7 @@ func call[T any](ctx context.Context, c *caller, what string, fn func(context.Co
 	return zero, fmt.Errorf("%s: %w within %v: %w", what, errNoReply, c.timeout, context.DeadlineExceeded)
 }
 
-// reset gives the calls to a new connection a new goroutine: a call stuck
+// reset gives the calls to a new connection new goroutines: a call stuck
 // on the old one holds nothing up (the old connection is closed, which
 // ends it).
 func (c *caller) reset() {
