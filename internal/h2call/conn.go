@@ -1,0 +1,952 @@
+package h2call
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// conn is one HTTP/2 connection carrying one call at a time, written and
+// read by the goroutine that makes the call: no goroutine of its own.
+//
+// Only close and interrupt may run beside the call (from Client.Close or a
+// context's end); everything else belongs to the goroutine that holds the
+// connection.
+type conn struct {
+	client *Client
+	raw    net.Conn // as dialled: closing it, or a past deadline, wakes the call
+	nc     net.Conn // raw, or the secured connection over it
+	br     *bufio.Reader
+	fr     *http2.Framer // reads br; writes frames into out
+	out    appendBuf     // frames to write: control frames, then the request
+	hblk   appendBuf     // the header block being encoded
+	henc   *hpack.Encoder
+	hdec   *hpack.Decoder
+	blk    headerBlock // the header block being received
+	tsBuf  []byte      // a grpc-timeout value being formatted
+	reply  []byte      // the reply message being received
+
+	statsCtx      context.Context // from TagConn
+	remote, local net.Addr
+	closed        atomic.Bool
+	lastUsed      time.Time
+
+	// The connection's state.
+	broken         bool   // not to be used again
+	sawSettings    bool   // the server's preface arrived
+	inBlock        bool   // CONTINUATION frames are due
+	blockBytes     int    // encoded bytes of the block being received
+	nextID         uint32 // the next stream's id
+	peerMaxFrame   uint32
+	peerInitWindow int64
+	peerMaxHeaders uint32 // 0: no limit
+	sendWin        int64  // the connection's send window
+	recvUnacked    uint32 // bytes received and not yet granted back
+	goAway         bool
+	goAwayID       uint32
+	pingAck        bool // a PING awaits its ack
+	pingData       [8]byte
+	pendingRST     uint32 // a stream to reset (NO_ERROR) with the next write
+
+	st stream
+}
+
+// stream is the state of the call in flight on a conn.
+type stream struct {
+	id          uint32
+	ctx         context.Context // the call's (from TagRPC with a stats handler)
+	resp        proto.Message
+	sendWin     int64
+	recvAvail   int64  // the window granted and not yet used
+	recvUnacked uint32 // bytes received and not yet granted back
+	endSent     bool   // our END_STREAM was written
+	headers     bool   // the response headers arrived
+	done        bool   // the server ended the stream (or reset it)
+	clean       bool   // ... in a way that leaves the connection usable
+	unprocessed bool   // the server says it did not process the call
+	err         error  // the call's outcome once done
+	encoding    string // grpc-encoding
+	trailer     metadata.MD
+	nonGRPC     *status.Status // an answer that is not gRPC: its status
+	nonGRPCData []byte         // ... and the start of its body
+	prefix      [5]byte
+	prefixN     int
+	msgLen      int
+	got         int
+	msgDone     bool
+	msgs        int
+}
+
+// The connection's limits.
+const (
+	// readBufSize is the read buffer of a connection: every frame of a
+	// small answer comes in one read.
+	readBufSize = 32 << 10
+	// maxReadFrame is the largest frame the server may send: HTTP/2's
+	// default, which is not advertised.
+	maxReadFrame = 16 << 10
+	// maxHeaderList bounds a received header list (SETTINGS_MAX_HEADER_LIST_SIZE).
+	maxHeaderList = 64 << 10
+	// headerTableSize is the decoder's table: HTTP/2's default.
+	headerTableSize = 4096
+	// keepReply and keepOut bound the buffers a connection keeps between
+	// calls; larger ones are dropped after their call.
+	keepReply = 64 << 10
+	keepOut   = 256 << 10
+	// nonGRPCDataMax is how much of an answer that is not gRPC is quoted
+	// in its error, as grpc-go.
+	nonGRPCDataMax = 1024
+	// defaultWindow is HTTP/2's initial window.
+	defaultWindow = 65535
+	// maxWindow is the largest flow-control window.
+	maxWindow = 1<<31 - 1
+)
+
+// Variables so that tests can lower them.
+var (
+	// recvWindow is the window granted to each stream
+	// (SETTINGS_INITIAL_WINDOW_SIZE), connWindow the connection's.
+	recvWindow uint32 = 1 << 20
+	connWindow uint32 = 1 << 20
+	// maxStreamID is the last stream id a connection uses; one that
+	// reaches it is replaced.
+	maxStreamID uint32 = maxWindow
+)
+
+// newConn starts an HTTP/2 connection over nc: its preface goes out with
+// the first call.
+func newConn(c *Client, raw, nc net.Conn) *conn {
+	cc := &conn{
+		client:         c,
+		raw:            raw,
+		nc:             nc,
+		remote:         nc.RemoteAddr(),
+		local:          nc.LocalAddr(),
+		nextID:         1,
+		peerMaxFrame:   16 << 10,
+		peerInitWindow: defaultWindow,
+		sendWin:        defaultWindow,
+	}
+	cc.br = bufio.NewReaderSize(nc, readBufSize)
+	cc.fr = http2.NewFramer(&cc.out, cc.br)
+	cc.fr.SetMaxReadFrameSize(maxReadFrame)
+	cc.henc = hpack.NewEncoder(&cc.hblk)
+	cc.hdec = hpack.NewDecoder(headerTableSize, cc.blk.field)
+	cc.hdec.SetMaxStringLength(maxHeaderList)
+	cc.out.b = append(cc.out.b, http2.ClientPreface...)
+	_ = cc.fr.WriteSettings(
+		http2.Setting{ID: http2.SettingEnablePush, Val: 0},
+		http2.Setting{ID: http2.SettingInitialWindowSize, Val: recvWindow},
+		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderList},
+	)
+	if connWindow > defaultWindow {
+		_ = cc.fr.WriteWindowUpdate(0, connWindow-defaultWindow)
+	}
+	return cc
+}
+
+// close closes the connection, once; it may run beside the call, whose
+// reads and writes then fail at once.
+func (cc *conn) close() {
+	if !cc.closed.CompareAndSwap(false, true) {
+		return
+	}
+	_ = cc.raw.Close()
+	if sh := cc.client.sh; sh != nil {
+		sh.HandleConn(cc.statsCtx, &stats.ConnEnd{Client: true})
+	}
+}
+
+// interrupt wakes the call's read or write: the context ended.
+func (cc *conn) interrupt() { _ = cc.raw.SetDeadline(longAgo) }
+
+var longAgo = time.Unix(1, 0)
+
+// usable reports whether the connection can carry another call.
+func (cc *conn) usable() bool {
+	return !cc.broken && !cc.goAway && !cc.closed.Load() && cc.nextID <= maxStreamID
+}
+
+// peerGone reports whether the server has closed an idle connection: a
+// read of what is pending, without waiting, finds its end or an error.
+// Anything else pending (a PING, a SETTINGS, a GOAWAY) is read by the next
+// call. A connection that cannot be peeked at is taken as alive.
+func (cc *conn) peerGone() bool {
+	sc, ok := cc.raw.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return true
+	}
+	if cc.br.Buffered() > 0 {
+		return false
+	}
+	gone := false
+	err = rc.Read(func(fd uintptr) bool {
+		var b [1]byte
+		n, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+		switch {
+		case errno == unix.EAGAIN || errno == unix.EINTR:
+		case errno != 0 || n == 0:
+			gone = true
+		}
+		return true
+	})
+	return gone || err != nil
+}
+
+// call makes one call on the connection. unprocessed reports a call the
+// server did not process (refused, or never fully sent): it may be sent
+// again on another connection.
+func (cc *conn) call(ctx context.Context, method string, req []byte, resp proto.Message) (err error, unprocessed bool) {
+	cc.st.trailer = nil
+	var stop func() bool
+	if ctx.Done() != nil {
+		if deadlinePassed(ctx) {
+			return failure(codes.DeadlineExceeded, context.DeadlineExceeded, context.DeadlineExceeded.Error()), false
+		}
+		stop = context.AfterFunc(ctx, cc.interrupt)
+	}
+	err = cc.exchange(ctx, method, req, resp)
+	if stop != nil && !stop() {
+		// The context ended: the connection's deadline is past.
+		cc.broken = true
+	}
+	if err == nil {
+		return nil, false
+	}
+	if _, ok := err.(*callError); ok || !cc.st.done || !cc.st.clean {
+		// Not the server's answer: the connection may hold the rest of
+		// an answer, or none at all.
+		cc.broken = true
+	}
+	switch {
+	case cc.client.isClosed():
+		return closedFailure(), false
+	case ctx.Err() != nil && cc.broken && !cc.st.done:
+		return ctxFailure(ctx.Err()), false
+	}
+	return err, cc.st.unprocessed || (!cc.st.endSent && !cc.st.done && isTransport(err))
+}
+
+// isTransport reports whether err is a failure of the connection itself.
+func isTransport(err error) bool {
+	var ce *callError
+	return errors.As(err, &ce) && ce.st.Code() == codes.Unavailable
+}
+
+// exchange writes the request and reads the answer to its end.
+func (cc *conn) exchange(ctx context.Context, method string, req []byte, resp proto.Message) error {
+	id := cc.nextID
+	cc.nextID += 2
+	cc.st = stream{
+		id:        id,
+		ctx:       ctx,
+		resp:      resp,
+		sendWin:   cc.peerInitWindow,
+		recvAvail: int64(recvWindow),
+		msgLen:    -1,
+	}
+	// Control frames due (acks, windows, a reset) go first.
+	cc.appendControl()
+	if err := cc.writeHeaders(ctx, method); err != nil {
+		return err
+	}
+	if err := cc.send(req); err != nil {
+		return err
+	}
+	if sh := cc.client.sh; sh != nil && cc.st.endSent {
+		sh.HandleRPC(ctx, &stats.OutPayload{
+			Client:           true,
+			Payload:          req,
+			Length:           len(req),
+			CompressedLength: len(req),
+			WireLength:       len(req) + 5,
+			SentTime:         time.Now(),
+		})
+	}
+	for !cc.st.done {
+		if err := cc.step(); err != nil {
+			return err
+		}
+	}
+	cc.finishBuffers()
+	return cc.st.err
+}
+
+// finishBuffers drops a large buffer once its call is over.
+func (cc *conn) finishBuffers() {
+	if cap(cc.reply) > keepReply {
+		cc.reply = nil
+	}
+	if cap(cc.out.b) > keepOut {
+		cc.out.b = nil
+	}
+}
+
+// writeField encodes one header field of the request; it returns the
+// field's size for SETTINGS_MAX_HEADER_LIST_SIZE.
+func (cc *conn) writeField(name, value string) uint32 {
+	f := hpack.HeaderField{Name: name, Value: value}
+	_ = cc.henc.WriteField(f)
+	return f.Size()
+}
+
+// writeHeaders appends the request's HEADERS (and CONTINUATION) frames, as
+// grpc-go writes them, to out.
+func (cc *conn) writeHeaders(ctx context.Context, method string) error {
+	c := cc.client
+	md, _ := metadata.FromOutgoingContext(ctx)
+	cc.hblk.b = cc.hblk.b[:0]
+	size := cc.writeField(":method", "POST")
+	size += cc.writeField(":scheme", c.scheme)
+	size += cc.writeField(":path", method)
+	size += cc.writeField(":authority", c.authority)
+	size += cc.writeField("content-type", contentType)
+	if c.userAgent != "" {
+		size += cc.writeField("user-agent", c.userAgent)
+	}
+	size += cc.writeField("te", "trailers")
+	if dl, ok := ctx.Deadline(); ok {
+		d := time.Until(dl)
+		if d <= 0 {
+			return failure(codes.DeadlineExceeded, context.DeadlineExceeded, context.DeadlineExceeded.Error())
+		}
+		cc.tsBuf = appendTimeout(cc.tsBuf[:0], d)
+		size += cc.writeField("grpc-timeout", string(cc.tsBuf))
+	}
+	for k, vs := range md {
+		if reservedHeader(k) {
+			continue
+		}
+		for _, v := range vs {
+			size += cc.writeField(k, encodeMetadataValue(k, v))
+		}
+	}
+	if cc.peerMaxHeaders != 0 && size > cc.peerMaxHeaders {
+		return failuref(codes.Internal, nil, "header list size to send violates the maximum size (%d bytes) set by server", cc.peerMaxHeaders)
+	}
+	blk := cc.hblk.b
+	for first := true; first || len(blk) > 0; first = false {
+		n := min(len(blk), int(cc.peerMaxFrame))
+		frag := blk[:n]
+		blk = blk[n:]
+		if first {
+			_ = cc.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: cc.st.id, BlockFragment: frag, EndHeaders: len(blk) == 0})
+		} else {
+			_ = cc.fr.WriteContinuation(cc.st.id, len(blk) == 0, frag)
+		}
+	}
+	if sh := c.sh; sh != nil {
+		h := md.Copy()
+		if h == nil {
+			h = metadata.MD{}
+		}
+		if c.userAgent != "" {
+			h.Set("user-agent", c.userAgent)
+		}
+		sh.HandleRPC(ctx, &stats.OutHeader{
+			Client:     true,
+			FullMethod: method,
+			RemoteAddr: cc.remote,
+			LocalAddr:  cc.local,
+			Header:     h,
+			Authority:  c.authority,
+		})
+	}
+	return nil
+}
+
+// send writes the request message, as much as the flow-control windows
+// allow at a time, reading what the server sends meanwhile when they are
+// closed. It stops early when the server ends the stream first.
+func (cc *conn) send(req []byte) error {
+	st := &cc.st
+	total := 5 + len(req)
+	for off := 0; off < total && !st.done; {
+		avail := min(cc.sendWin, st.sendWin)
+		if avail <= 0 {
+			if err := cc.flush(); err != nil {
+				return err
+			}
+			if err := cc.step(); err != nil {
+				return err
+			}
+			continue
+		}
+		n := int(min(int64(total-off), avail))
+		cc.appendData(req, off, n, off+n == total)
+		cc.sendWin -= int64(n)
+		st.sendWin -= int64(n)
+		off += n
+	}
+	if st.done {
+		// Answered before the whole request went out: what is unsent
+		// stays unsent, and our half of the stream is reset.
+		if !st.endSent {
+			cc.pendingRST = st.id
+		}
+		return nil
+	}
+	if err := cc.flush(); err != nil {
+		return err
+	}
+	st.endSent = true
+	return nil
+}
+
+// appendData appends DATA frames carrying bytes [off, off+n) of the
+// message as it is sent (a 5-byte gRPC prefix, then req) to out; the last
+// frame ends the stream when end.
+func (cc *conn) appendData(req []byte, off, n int, end bool) {
+	for n > 0 {
+		k := min(n, int(cc.peerMaxFrame))
+		var flags http2.Flags
+		if end && k == n {
+			flags = http2.FlagDataEndStream
+		}
+		id := cc.st.id
+		cc.out.b = append(cc.out.b, byte(k>>16), byte(k>>8), byte(k), byte(http2.FrameData), byte(flags),
+			byte(id>>24), byte(id>>16), byte(id>>8), byte(id))
+		rest := k
+		for rest > 0 && off < 5 {
+			var p [5]byte
+			p[0] = 0 // not compressed
+			binary.BigEndian.PutUint32(p[1:], uint32(len(req)))
+			m := min(rest, 5-off)
+			cc.out.b = append(cc.out.b, p[off:off+m]...)
+			off += m
+			rest -= m
+		}
+		if rest > 0 {
+			cc.out.b = append(cc.out.b, req[off-5:off-5+rest]...)
+			off += rest
+		}
+		n -= k
+	}
+}
+
+// appendControl appends the control frames due to out: a PING's ack, and
+// the windows to grant back.
+func (cc *conn) appendControl() {
+	if cc.pendingRST != 0 {
+		_ = cc.fr.WriteRSTStream(cc.pendingRST, http2.ErrCodeNo)
+		cc.pendingRST = 0
+	}
+	if cc.pingAck {
+		_ = cc.fr.WritePing(true, cc.pingData)
+		cc.pingAck = false
+	}
+	if cc.recvUnacked >= connWindow/4 {
+		_ = cc.fr.WriteWindowUpdate(0, cc.recvUnacked)
+		cc.recvUnacked = 0
+	}
+	if st := &cc.st; !st.done && st.recvUnacked >= recvWindow/4 {
+		_ = cc.fr.WriteWindowUpdate(st.id, st.recvUnacked)
+		st.recvAvail += int64(st.recvUnacked)
+		st.recvUnacked = 0
+	}
+}
+
+// flush writes out, after the control frames due.
+func (cc *conn) flush() error {
+	cc.appendControl()
+	if len(cc.out.b) == 0 {
+		return nil
+	}
+	_, err := cc.nc.Write(cc.out.b)
+	cc.out.b = cc.out.b[:0]
+	if err != nil {
+		return transportFailure(err, "connection error: write")
+	}
+	return nil
+}
+
+// step reads one frame and acts on it.
+func (cc *conn) step() error {
+	fh, err := cc.fr.ReadFrameHeader()
+	if err != nil {
+		return cc.readError(err)
+	}
+	if !cc.sawSettings && (fh.Type != http2.FrameSettings || fh.Flags.Has(http2.FlagSettingsAck)) {
+		return transportFailure(nil, fmt.Sprintf("connection error: the server's first frame is %v, not SETTINGS", fh.Type))
+	}
+	if fh.Type == http2.FrameData {
+		return cc.onData(fh)
+	}
+	f, err := cc.fr.ReadFrameForHeader(fh)
+	if err != nil {
+		return cc.readError(err)
+	}
+	switch f := f.(type) {
+	case *http2.HeadersFrame:
+		return cc.onHeaders(f)
+	case *http2.ContinuationFrame:
+		return cc.onFragment(f.HeaderBlockFragment(), f.HeadersEnded())
+	case *http2.RSTStreamFrame:
+		cc.onRST(f)
+	case *http2.SettingsFrame:
+		return cc.onSettings(f)
+	case *http2.PingFrame:
+		if !f.IsAck() {
+			cc.pingAck, cc.pingData = true, f.Data
+		}
+	case *http2.GoAwayFrame:
+		return cc.onGoAway(f)
+	case *http2.WindowUpdateFrame:
+		cc.onWindowUpdate(f)
+	case *http2.PushPromiseFrame:
+		return transportFailure(nil, "connection error: PUSH_PROMISE, with push disabled")
+	}
+	return nil
+}
+
+// readError classifies a failure to read a frame.
+func (cc *conn) readError(err error) error {
+	var se http2.StreamError
+	if errors.As(err, &se) && se.StreamID == cc.st.id && !cc.st.done {
+		code, ok := rstCodes[se.Code]
+		if !ok {
+			code = codes.Unknown
+		}
+		msg := "received invalid frame"
+		if d := cc.fr.ErrorDetail(); d != nil {
+			msg = d.Error()
+		}
+		return failure(code, nil, msg)
+	}
+	var ce http2.ConnectionError
+	if errors.As(err, &ce) || errors.As(err, &se) || errors.Is(err, http2.ErrFrameTooLarge) {
+		if d := cc.fr.ErrorDetail(); d != nil {
+			return failuref(codes.Unavailable, err, "connection error: %v: %v", err, d)
+		}
+		return transportFailure(err, "connection error")
+	}
+	return transportFailure(err, "error reading from server")
+}
+
+// protocolError fails the call for a violation in its own stream.
+func protocolError(format string, args ...any) error {
+	return failuref(codes.Internal, nil, format, args...)
+}
+
+// onData reads a DATA frame's payload: the call's message, or what is
+// discarded of another stream.
+func (cc *conn) onData(fh http2.FrameHeader) error {
+	if fh.StreamID == 0 {
+		return transportFailure(nil, "connection error: DATA frame with stream ID 0")
+	}
+	size := fh.Length
+	cc.recvUnacked += size
+	data, pad := int(size), 0
+	if fh.Flags.Has(http2.FlagDataPadded) {
+		if size == 0 {
+			return transportFailure(nil, "connection error: padded DATA frame without a pad length")
+		}
+		b, err := cc.br.ReadByte()
+		if err != nil {
+			return cc.readError(err)
+		}
+		pad = int(b)
+		data--
+		if pad > data {
+			return transportFailure(nil, "connection error: pad size larger than data payload")
+		}
+		data -= pad
+	}
+	st := &cc.st
+	if fh.StreamID != st.id || st.done {
+		return cc.discard(data + pad)
+	}
+	if int64(size) > st.recvAvail {
+		return protocolError("received %d-bytes data exceeding the limit %d bytes", size, st.recvAvail)
+	}
+	st.recvAvail -= int64(size)
+	st.recvUnacked += size
+	switch {
+	case st.nonGRPC != nil:
+		n := min(data, nonGRPCDataMax-len(st.nonGRPCData))
+		if n > 0 {
+			start := len(st.nonGRPCData)
+			st.nonGRPCData = append(st.nonGRPCData, make([]byte, n)...)
+			if _, err := io.ReadFull(cc.br, st.nonGRPCData[start:]); err != nil {
+				return cc.readError(err)
+			}
+		}
+		if err := cc.discard(data - n + pad); err != nil {
+			return err
+		}
+		if len(st.nonGRPCData) >= nonGRPCDataMax || fh.Flags.Has(http2.FlagDataEndStream) {
+			cc.endNonGRPC()
+		}
+		return nil
+	case !st.headers:
+		return protocolError("protocol error: DATA frame before the response headers")
+	}
+	if err := cc.readMessage(data); err != nil {
+		return err
+	}
+	if err := cc.discard(pad); err != nil {
+		return err
+	}
+	if fh.Flags.Has(http2.FlagDataEndStream) {
+		return protocolError("server closed the stream without sending trailers")
+	}
+	if st.recvUnacked >= recvWindow/4 || cc.recvUnacked >= connWindow/2 {
+		return cc.flush()
+	}
+	return nil
+}
+
+// discard skips n bytes of a frame's payload.
+func (cc *conn) discard(n int) error {
+	if n == 0 {
+		return nil
+	}
+	if _, err := cc.br.Discard(n); err != nil {
+		return cc.readError(err)
+	}
+	return nil
+}
+
+// readMessage reads n bytes of the stream's gRPC messages: the 5-byte
+// prefix, checked before anything is allocated for the message, then the
+// message, into a buffer that grows with what arrives (never past
+// MaxReplyBytes). A complete message is unmarshalled at once.
+func (cc *conn) readMessage(n int) error {
+	st := &cc.st
+	for n > 0 {
+		if st.prefixN < 5 {
+			k := min(n, 5-st.prefixN)
+			if _, err := io.ReadFull(cc.br, st.prefix[st.prefixN:st.prefixN+k]); err != nil {
+				return cc.readError(err)
+			}
+			st.prefixN += k
+			n -= k
+			if st.prefixN < 5 {
+				continue
+			}
+			if err := cc.startMessage(); err != nil {
+				return err
+			}
+			if st.msgLen == 0 {
+				if err := cc.endMessage(); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		k := min(n, st.msgLen-st.got)
+		if need := st.got + k; need > cap(cc.reply) {
+			grown := make([]byte, min(st.msgLen, max(need, 2*cap(cc.reply), 4096)))
+			copy(grown, cc.reply[:st.got])
+			cc.reply = grown
+		}
+		cc.reply = cc.reply[:cap(cc.reply)]
+		if _, err := io.ReadFull(cc.br, cc.reply[st.got:st.got+k]); err != nil {
+			return cc.readError(err)
+		}
+		st.got += k
+		n -= k
+		if st.got == st.msgLen {
+			if err := cc.endMessage(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// startMessage checks a message's prefix, as grpc-go: its length against
+// MaxReplyBytes first, then its format.
+func (cc *conn) startMessage() error {
+	st := &cc.st
+	length := binary.BigEndian.Uint32(st.prefix[1:])
+	if max := cc.client.maxReply; int64(length) > int64(max) {
+		return failuref(codes.ResourceExhausted, nil, "grpc: received message larger than max (%d vs. %d)", length, max)
+	}
+	if st.msgs > 0 {
+		return protocolError("cardinality violation: expected <EOF> for non server-streaming RPCs, but received another message")
+	}
+	switch st.prefix[0] {
+	case 0:
+	case 1:
+		if st.encoding == "" || st.encoding == "identity" {
+			return protocolError("grpc: compressed flag set with identity or empty encoding")
+		}
+		return protocolError("grpc: Decompressor is not installed for grpc-encoding %q", st.encoding)
+	default:
+		return protocolError("grpc: received unexpected payload format %d", st.prefix[0])
+	}
+	st.msgLen, st.got = int(length), 0
+	return nil
+}
+
+// endMessage unmarshals the message just received into the call's reply.
+func (cc *conn) endMessage() error {
+	st := &cc.st
+	st.msgDone = true
+	st.msgs++
+	st.prefixN = 0
+	if err := proto.Unmarshal(cc.reply[:st.msgLen], st.resp); err != nil {
+		return protocolError("grpc: failed to unmarshal the received message: %v", err)
+	}
+	if sh := cc.client.sh; sh != nil {
+		sh.HandleRPC(st.ctx, &stats.InPayload{
+			Client:           true,
+			Payload:          st.resp,
+			Length:           st.msgLen,
+			CompressedLength: st.msgLen,
+			WireLength:       st.msgLen + 5,
+			RecvTime:         time.Now(),
+		})
+	}
+	return nil
+}
+
+// onHeaders starts a header block.
+func (cc *conn) onHeaders(f *http2.HeadersFrame) error {
+	st := &cc.st
+	ours := f.StreamID == st.id && !st.done
+	cc.blk.reset(f.StreamID, ours, f.StreamEnded(), int(f.Length), cc.client.sh != nil)
+	cc.blockBytes = 0
+	return cc.onFragment(f.HeaderBlockFragment(), f.HeadersEnded())
+}
+
+// onFragment decodes a fragment of the header block being received; the
+// decoder's table is the connection's, so every block is decoded, whatever
+// its stream.
+func (cc *conn) onFragment(frag []byte, end bool) error {
+	cc.blockBytes += len(frag)
+	if cc.blockBytes > 2*maxHeaderList {
+		return transportFailure(nil, "connection error: header block too large")
+	}
+	if _, err := cc.hdec.Write(frag); err != nil {
+		return failuref(codes.Unavailable, err, "connection error: header block: %v", err)
+	}
+	if !end {
+		return nil
+	}
+	if err := cc.hdec.Close(); err != nil {
+		return failuref(codes.Unavailable, err, "connection error: header block: %v", err)
+	}
+	if !cc.blk.ours {
+		return nil
+	}
+	return cc.operateHeaders()
+}
+
+// operateHeaders acts on a header block of the call's stream, as grpc-go's
+// client does: the response headers, the trailers, or an answer that is
+// not gRPC.
+func (cc *conn) operateHeaders() error {
+	b, st := &cc.blk, &cc.st
+	initial := !st.headers
+	switch {
+	case !initial && !b.endStream && st.nonGRPC == nil:
+		return protocolError("a HEADERS frame cannot appear in the middle of a stream")
+	case b.tooBig:
+		return protocolError("peer header list size exceeded limit")
+	case b.invalid != "":
+		return protocolError("%s", b.invalid)
+	}
+	if st.nonGRPC != nil {
+		if b.endStream {
+			cc.endNonGRPC()
+		}
+		return nil
+	}
+	isGRPC := !initial
+	ctErr := "malformed header: missing HTTP content-type"
+	if b.haveCType {
+		if grpcContentType(b.ctype) {
+			isGRPC, ctErr = true, ""
+		} else {
+			ctErr = fmt.Sprintf("transport: received unexpected content-type %q", b.ctype)
+		}
+	}
+	code := codes.Unknown
+	if b.haveGStatus {
+		c, err := codeOf(b.grpcStatus)
+		if err != nil {
+			return failuref(codes.Unknown, nil, "transport: malformed grpc-status: %v", err)
+		}
+		code = c
+	}
+	if !isGRPC {
+		return cc.notGRPC(ctErr)
+	}
+	if b.mdErr != "" {
+		return protocolError("%s", b.mdErr)
+	}
+	sh := cc.client.sh
+	if !b.endStream {
+		st.headers = true
+		st.encoding = b.encoding
+		if sh != nil {
+			sh.HandleRPC(st.ctx, &stats.InHeader{Client: true, WireLength: b.wireLen, Header: b.md.Copy(), Compression: b.encoding})
+		}
+		return nil
+	}
+	if sh != nil {
+		sh.HandleRPC(st.ctx, &stats.InTrailer{Client: true, WireLength: b.wireLen, Trailer: b.md.Copy()})
+	}
+	st.done, st.clean, st.trailer = true, true, b.md
+	switch {
+	case st.prefixN > 0 || (st.msgLen >= 0 && !st.msgDone):
+		st.err = failure(codes.Internal, io.ErrUnexpectedEOF, io.ErrUnexpectedEOF.Error())
+		st.clean = false
+	case code != codes.OK:
+		st.err = status.New(code, decodeGrpcMessage(b.grpcMessage)).Err()
+	case !st.msgDone:
+		st.err = protocolError("cardinality violation: received no response message from non-server-streaming RPC")
+		st.clean = false
+	}
+	return nil
+}
+
+// notGRPC acts on a response header block that is not gRPC's: its HTTP
+// status says what failed (informational ones are skipped), and the start
+// of its body is quoted when it has one.
+func (cc *conn) notGRPC(ctErr string) error {
+	b, st := &cc.blk, &cc.st
+	code := codes.Internal
+	var errs []string
+	if !b.haveStatus {
+		errs = append(errs, "malformed header: missing HTTP status")
+	} else {
+		n, err := strconv.Atoi(b.status)
+		if err != nil {
+			return protocolError("transport: malformed http-status: %v", err)
+		}
+		if n >= 100 && n < 200 {
+			if b.endStream {
+				return protocolError("protocol error: informational header with status code %d must not have END_STREAM set", n)
+			}
+			return nil
+		}
+		errs = append(errs, fmt.Sprintf("unexpected HTTP status code received from server: %d (%s)", n, http.StatusText(n)))
+		c, ok := httpCodes[n]
+		if !ok {
+			c = codes.Unknown
+		}
+		code = c
+	}
+	if ctErr != "" {
+		errs = append(errs, ctErr)
+	}
+	s := status.New(code, strings.Join(errs, "; "))
+	if b.endStream {
+		st.done, st.err = true, s.Err()
+		return nil
+	}
+	st.nonGRPC, st.headers = s, true
+	return nil
+}
+
+// endNonGRPC ends the call with the status of an answer that is not gRPC,
+// quoting the start of its body, as grpc-go.
+func (cc *conn) endNonGRPC() {
+	st := &cc.st
+	st.done = true
+	st.err = status.New(st.nonGRPC.Code(), fmt.Sprintf("%s\ndata: %q", st.nonGRPC.Message(), st.nonGRPCData)).Err()
+}
+
+// onRST ends the call reset by the server.
+func (cc *conn) onRST(f *http2.RSTStreamFrame) {
+	st := &cc.st
+	if f.StreamID != st.id || st.done {
+		return
+	}
+	code, ok := rstCodes[f.ErrCode]
+	if !ok {
+		code = codes.Unknown
+	}
+	if code == codes.Canceled && deadlinePassed(st.ctx) {
+		code = codes.DeadlineExceeded
+	}
+	st.done = true
+	st.unprocessed = f.ErrCode == http2.ErrCodeRefusedStream
+	st.err = status.Newf(code, "stream terminated by RST_STREAM with error code: %v", f.ErrCode).Err()
+}
+
+// onSettings applies the server's settings and acknowledges them at once.
+func (cc *conn) onSettings(f *http2.SettingsFrame) error {
+	if f.IsAck() {
+		return nil
+	}
+	cc.sawSettings = true
+	for i := range f.NumSettings() {
+		s := f.Setting(i)
+		if err := s.Valid(); err != nil {
+			return failuref(codes.Unavailable, err, "connection error: setting %v: %v", s, err)
+		}
+		switch s.ID {
+		case http2.SettingMaxFrameSize:
+			cc.peerMaxFrame = s.Val
+		case http2.SettingInitialWindowSize:
+			delta := int64(s.Val) - cc.peerInitWindow
+			cc.peerInitWindow = int64(s.Val)
+			if !cc.st.done {
+				cc.st.sendWin += delta
+			}
+		case http2.SettingHeaderTableSize:
+			cc.henc.SetMaxDynamicTableSizeLimit(s.Val)
+		case http2.SettingMaxHeaderListSize:
+			cc.peerMaxHeaders = s.Val
+		}
+	}
+	_ = cc.fr.WriteSettingsAck()
+	return cc.flush()
+}
+
+// onGoAway takes the server's GOAWAY: the connection carries no new call,
+// and the call in flight fails as unprocessed when the server says it will
+// not process it (then it is sent again on another connection), or goes on.
+func (cc *conn) onGoAway(f *http2.GoAwayFrame) error {
+	id := f.LastStreamID
+	if id > 0 && id%2 == 0 {
+		return transportFailure(nil, fmt.Sprintf("connection error: received goaway with non-zero even-numbered stream id: %v", id))
+	}
+	if cc.goAway && id > cc.goAwayID {
+		return transportFailure(nil, fmt.Sprintf("connection error: received goaway with stream id: %v, which exceeds stream id of previous goaway: %v", id, cc.goAwayID))
+	}
+	cc.goAway, cc.goAwayID = true, id
+	if st := &cc.st; !st.done && st.id > id {
+		st.done, st.unprocessed, st.err = true, true, goAwayRefused.Err()
+	}
+	return nil
+}
+
+// onWindowUpdate widens a send window.
+func (cc *conn) onWindowUpdate(f *http2.WindowUpdateFrame) {
+	inc := int64(f.Increment)
+	switch {
+	case f.StreamID == 0:
+		cc.sendWin = min(cc.sendWin+inc, maxWindow)
+	case f.StreamID == cc.st.id && !cc.st.done:
+		cc.st.sendWin = min(cc.st.sendWin+inc, maxWindow)
+	}
+}
