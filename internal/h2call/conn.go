@@ -54,7 +54,6 @@ type conn struct {
 	// The connection's state.
 	broken         bool   // not to be used again
 	sawSettings    bool   // the server's preface arrived
-	inBlock        bool   // CONTINUATION frames are due
 	blockBytes     int    // encoded bytes of the block being received
 	nextID         uint32 // the next stream's id
 	peerMaxFrame   uint32

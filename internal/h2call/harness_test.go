@@ -145,12 +145,12 @@ func wait(t *testing.T, ch <-chan result) result {
 // srvConn is the test's server end of one connection: its own framer and
 // hpack contexts, reads bounded by a deadline.
 type srvConn struct {
-	t    *testing.T
-	c    net.Conn
-	fr   *http2.Framer
-	henc *hpack.Encoder
-	hbuf bytes.Buffer
-	once sync.Once
+	t      *testing.T
+	c      net.Conn
+	fr     *http2.Framer
+	henc   *hpack.Encoder
+	hbuf   bytes.Buffer
+	once   sync.Once
 	closed atomic.Bool
 }
 
