@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"slices"
 	"runtime"
 	"runtime/metrics"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -64,10 +64,10 @@ func (s *script) answer(id uint32, ok ...bool) *script {
 
 // fuzz modes: the first byte of an input.
 const (
-	fuzzSettings = 1 << iota // a valid SETTINGS frame goes before the script
-	fuzzBigRequest           // the request outgrows the default windows
-	fuzzTwoCalls             // a second call follows on the same client
-	fuzzSlow                 // the script is written in small pieces
+	fuzzSettings   = 1 << iota // a valid SETTINGS frame goes before the script
+	fuzzBigRequest             // the request outgrows the default windows
+	fuzzTwoCalls               // a second call follows on the same client
+	fuzzSlow                   // the script is written in small pieces
 )
 
 // hostileSeeds are whole conversations and their usual faults, for the
