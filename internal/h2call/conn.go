@@ -33,18 +33,19 @@ import (
 // context's end); everything else belongs to the goroutine that holds the
 // connection.
 type conn struct {
-	client *Client
-	raw    net.Conn // as dialled: closing it, or a past deadline, wakes the call
-	nc     net.Conn // raw, or the secured connection over it
-	br     *bufio.Reader
-	fr     *http2.Framer // reads br; writes frames into out
-	out    appendBuf     // frames to write: control frames, then the request
-	hblk   appendBuf     // the header block being encoded
-	henc   *hpack.Encoder
-	hdec   *hpack.Decoder
-	blk    headerBlock // the header block being received
-	tsBuf  []byte      // a grpc-timeout value being formatted
-	reply  []byte      // the reply message being received
+	client  *Client
+	raw     net.Conn // as dialled: closing it, or a past deadline, wakes the call
+	nc      net.Conn // raw, or the secured connection over it
+	br      *bufio.Reader
+	fr      *http2.Framer // reads br; writes frames into out
+	out     appendBuf     // frames to write: control frames, then the request
+	hblk    appendBuf     // the header block being encoded
+	henc    *hpack.Encoder
+	hdec    *hpack.Decoder
+	blk     headerBlock // the header block being received
+	tsBuf   []byte      // a grpc-timeout value being formatted
+	payload []byte      // the payload of a frame other than DATA
+	reply   []byte      // the reply message being received
 
 	statsCtx      context.Context // from TagConn
 	remote, local net.Addr
@@ -483,7 +484,10 @@ func (cc *conn) flush() error {
 	return nil
 }
 
-// step reads one frame and acts on it.
+// step reads one frame and acts on it. The framer reads the frame's
+// header, checks its size against the limit and the order of header
+// blocks; the payload is read into the connection's buffer and parsed
+// here, as the framer would, without allocating a frame.
 func (cc *conn) step() error {
 	fh, err := cc.fr.ReadFrameHeader()
 	if err != nil {
@@ -495,49 +499,82 @@ func (cc *conn) step() error {
 	if fh.Type == http2.FrameData {
 		return cc.onData(fh)
 	}
-	f, err := cc.fr.ReadFrameForHeader(fh)
-	if err != nil {
+	if cap(cc.payload) < int(fh.Length) {
+		cc.payload = make([]byte, fh.Length)
+	}
+	p := cc.payload[:fh.Length]
+	if _, err := io.ReadFull(cc.br, p); err != nil {
 		return cc.readError(err)
 	}
-	switch f := f.(type) {
-	case *http2.HeadersFrame:
-		return cc.onHeaders(f)
-	case *http2.ContinuationFrame:
-		return cc.onFragment(f.HeaderBlockFragment(), f.HeadersEnded())
-	case *http2.RSTStreamFrame:
-		cc.onRST(f)
-	case *http2.SettingsFrame:
-		return cc.onSettings(f)
-	case *http2.PingFrame:
-		if !f.IsAck() {
-			cc.pingAck, cc.pingData = true, f.Data
+	id := fh.StreamID
+	switch fh.Type {
+	case http2.FrameHeaders:
+		return cc.onHeaders(fh, p)
+	case http2.FrameContinuation:
+		if id == 0 {
+			return connError("CONTINUATION frame with stream ID 0")
 		}
-	case *http2.GoAwayFrame:
-		return cc.onGoAway(f)
-	case *http2.WindowUpdateFrame:
-		cc.onWindowUpdate(f)
-	case *http2.PushPromiseFrame:
-		return transportFailure(nil, "connection error: PUSH_PROMISE, with push disabled")
+		return cc.onFragment(p, fh.Flags.Has(http2.FlagContinuationEndHeaders))
+	case http2.FrameRSTStream:
+		if len(p) != 4 || id == 0 {
+			return connError(fmt.Sprintf("RST_STREAM frame of %d bytes on stream %d", len(p), id))
+		}
+		cc.onRST(id, http2.ErrCode(binary.BigEndian.Uint32(p)))
+	case http2.FrameSettings:
+		return cc.onSettings(fh, p)
+	case http2.FramePing:
+		if len(p) != 8 || id != 0 {
+			return connError(fmt.Sprintf("PING frame of %d bytes on stream %d", len(p), id))
+		}
+		if !fh.Flags.Has(http2.FlagPingAck) {
+			cc.pingAck = true
+			copy(cc.pingData[:], p)
+		}
+	case http2.FrameGoAway:
+		if len(p) < 8 || id != 0 {
+			return connError(fmt.Sprintf("GOAWAY frame of %d bytes on stream %d", len(p), id))
+		}
+		return cc.onGoAway(binary.BigEndian.Uint32(p)&(1<<31-1), http2.ErrCode(binary.BigEndian.Uint32(p[4:])))
+	case http2.FrameWindowUpdate:
+		if len(p) != 4 {
+			return connError(fmt.Sprintf("WINDOW_UPDATE frame of %d bytes", len(p)))
+		}
+		return cc.onWindowUpdate(id, binary.BigEndian.Uint32(p)&(1<<31-1))
+	case http2.FramePriority:
+		if id == 0 {
+			return connError("PRIORITY frame with stream ID 0")
+		}
+		if len(p) != 5 {
+			return cc.streamError(id, "PRIORITY frame of %d bytes", len(p))
+		}
+	case http2.FramePushPromise:
+		return connError("PUSH_PROMISE, with push disabled")
 	}
-	return nil
+	return nil // an unknown frame type is ignored
 }
 
-// readError classifies a failure to read a frame.
-func (cc *conn) readError(err error) error {
-	var se http2.StreamError
-	if errors.As(err, &se) && se.StreamID == cc.st.id && !cc.st.done {
-		code, ok := rstCodes[se.Code]
-		if !ok {
-			code = codes.Unknown
-		}
-		msg := "received invalid frame"
-		if d := cc.fr.ErrorDetail(); d != nil {
-			msg = d.Error()
-		}
-		return failure(code, nil, msg)
+// connError is a violation of the protocol that breaks the connection: the
+// call is unavailable, as grpc-go's.
+func connError(what string) error {
+	return transportFailure(nil, "connection error: "+what)
+}
+
+// streamError is a violation of the protocol in one stream: the call's
+// fails with codes.Internal; another stream's is ignored (nothing of it
+// is kept).
+func (cc *conn) streamError(id uint32, format string, args ...any) error {
+	if id != cc.st.id || cc.st.done {
+		return nil
 	}
+	return protocolError(format, args...)
+}
+
+// readError classifies a failure to read a frame: a frame the framer
+// refused (too large, or out of a header block's order) breaks the
+// connection, as does a failed read.
+func (cc *conn) readError(err error) error {
 	var ce http2.ConnectionError
-	if errors.As(err, &ce) || errors.As(err, &se) || errors.Is(err, http2.ErrFrameTooLarge) {
+	if errors.As(err, &ce) || errors.Is(err, http2.ErrFrameTooLarge) {
 		if d := cc.fr.ErrorDetail(); d != nil {
 			return failuref(codes.Unavailable, err, "connection error: %v: %v", err, d)
 		}
@@ -726,12 +763,36 @@ func (cc *conn) endMessage() error {
 }
 
 // onHeaders starts a header block.
-func (cc *conn) onHeaders(f *http2.HeadersFrame) error {
+func (cc *conn) onHeaders(fh http2.FrameHeader, p []byte) error {
+	if fh.StreamID == 0 {
+		return connError("HEADERS frame with stream ID 0")
+	}
+	pad := 0
+	if fh.Flags.Has(http2.FlagHeadersPadded) {
+		if len(p) < 1 {
+			return connError("padded HEADERS frame without a pad length")
+		}
+		pad, p = int(p[0]), p[1:]
+	}
+	if fh.Flags.Has(http2.FlagHeadersPriority) {
+		if len(p) < 5 {
+			return connError("HEADERS frame too short for its priority")
+		}
+		p = p[5:]
+	}
+	if pad > len(p) {
+		// Its fragment is lost: the header table can no longer be
+		// trusted.
+		if err := cc.streamError(fh.StreamID, "HEADERS frame with a pad longer than its payload"); err != nil {
+			return err
+		}
+		return connError("HEADERS frame with a pad longer than its payload")
+	}
 	st := &cc.st
-	ours := f.StreamID == st.id && !st.done
-	cc.blk.reset(f.StreamID, ours, f.StreamEnded(), int(f.Length), cc.client.sh != nil)
+	ours := fh.StreamID == st.id && !st.done
+	cc.blk.reset(fh.StreamID, ours, fh.Flags.Has(http2.FlagHeadersEndStream), int(fh.Length), cc.client.sh != nil)
 	cc.blockBytes = 0
-	return cc.onFragment(f.HeaderBlockFragment(), f.HeadersEnded())
+	return cc.onFragment(p[:len(p)-pad], fh.Flags.Has(http2.FlagHeadersEndHeaders))
 }
 
 // onFragment decodes a fragment of the header block being received; the
@@ -874,31 +935,39 @@ func (cc *conn) endNonGRPC() {
 }
 
 // onRST ends the call reset by the server.
-func (cc *conn) onRST(f *http2.RSTStreamFrame) {
+func (cc *conn) onRST(id uint32, code http2.ErrCode) {
 	st := &cc.st
-	if f.StreamID != st.id || st.done {
+	if id != st.id || st.done {
 		return
 	}
-	code, ok := rstCodes[f.ErrCode]
+	c, ok := rstCodes[code]
 	if !ok {
-		code = codes.Unknown
+		c = codes.Unknown
 	}
-	if code == codes.Canceled && deadlinePassed(st.ctx) {
-		code = codes.DeadlineExceeded
+	if c == codes.Canceled && deadlinePassed(st.ctx) {
+		c = codes.DeadlineExceeded
 	}
 	st.done = true
-	st.unprocessed = f.ErrCode == http2.ErrCodeRefusedStream
-	st.err = status.Newf(code, "stream terminated by RST_STREAM with error code: %v", f.ErrCode).Err()
+	st.unprocessed = code == http2.ErrCodeRefusedStream
+	st.err = status.Newf(c, "stream terminated by RST_STREAM with error code: %v", code).Err()
 }
 
 // onSettings applies the server's settings and acknowledges them at once.
-func (cc *conn) onSettings(f *http2.SettingsFrame) error {
-	if f.IsAck() {
+func (cc *conn) onSettings(fh http2.FrameHeader, p []byte) error {
+	switch {
+	case fh.StreamID != 0:
+		return connError("SETTINGS frame on a stream")
+	case fh.Flags.Has(http2.FlagSettingsAck):
+		if len(p) != 0 {
+			return connError("SETTINGS ack with a payload")
+		}
 		return nil
+	case len(p)%6 != 0:
+		return connError(fmt.Sprintf("SETTINGS frame of %d bytes", len(p)))
 	}
 	cc.sawSettings = true
-	for i := range f.NumSettings() {
-		s := f.Setting(i)
+	for ; len(p) > 0; p = p[6:] {
+		s := http2.Setting{ID: http2.SettingID(binary.BigEndian.Uint16(p)), Val: binary.BigEndian.Uint32(p[2:])}
 		if err := s.Valid(); err != nil {
 			return failuref(codes.Unavailable, err, "connection error: setting %v: %v", s, err)
 		}
@@ -924,28 +993,32 @@ func (cc *conn) onSettings(f *http2.SettingsFrame) error {
 // onGoAway takes the server's GOAWAY: the connection carries no new call,
 // and the call in flight fails as unprocessed when the server says it will
 // not process it (then it is sent again on another connection), or goes on.
-func (cc *conn) onGoAway(f *http2.GoAwayFrame) error {
-	id := f.LastStreamID
-	if id > 0 && id%2 == 0 {
-		return transportFailure(nil, fmt.Sprintf("connection error: received goaway with non-zero even-numbered stream id: %v", id))
+func (cc *conn) onGoAway(last uint32, _ http2.ErrCode) error {
+	if last > 0 && last%2 == 0 {
+		return connError(fmt.Sprintf("received goaway with non-zero even-numbered stream id: %v", last))
 	}
-	if cc.goAway && id > cc.goAwayID {
-		return transportFailure(nil, fmt.Sprintf("connection error: received goaway with stream id: %v, which exceeds stream id of previous goaway: %v", id, cc.goAwayID))
+	if cc.goAway && last > cc.goAwayID {
+		return connError(fmt.Sprintf("received goaway with stream id: %v, which exceeds stream id of previous goaway: %v", last, cc.goAwayID))
 	}
-	cc.goAway, cc.goAwayID = true, id
-	if st := &cc.st; !st.done && st.id > id {
+	cc.goAway, cc.goAwayID = true, last
+	if st := &cc.st; !st.done && st.id > last {
 		st.done, st.unprocessed, st.err = true, true, goAwayRefused.Err()
 	}
 	return nil
 }
 
 // onWindowUpdate widens a send window.
-func (cc *conn) onWindowUpdate(f *http2.WindowUpdateFrame) {
-	inc := int64(f.Increment)
+func (cc *conn) onWindowUpdate(id, inc uint32) error {
+	st := &cc.st
 	switch {
-	case f.StreamID == 0:
-		cc.sendWin = min(cc.sendWin+inc, maxWindow)
-	case f.StreamID == cc.st.id && !cc.st.done:
-		cc.st.sendWin = min(cc.st.sendWin+inc, maxWindow)
+	case inc == 0 && id == 0:
+		return connError("WINDOW_UPDATE with an increment of 0")
+	case inc == 0:
+		return cc.streamError(id, "WINDOW_UPDATE with an increment of 0")
+	case id == 0:
+		cc.sendWin = min(cc.sendWin+int64(inc), maxWindow)
+	case id == st.id && !st.done:
+		st.sendWin = min(st.sendWin+int64(inc), maxWindow)
 	}
+	return nil
 }

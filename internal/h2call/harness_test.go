@@ -27,6 +27,10 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if ep := os.Getenv(serverEnv); ep != "" {
+		serveUntilStdinCloses(ep)
+		return
+	}
 	goleak.VerifyTestMain(m)
 }
 
