@@ -614,7 +614,15 @@ func (cc *conn) onData(fh http2.FrameHeader) error {
 	}
 	st := &cc.st
 	if fh.StreamID != st.id || st.done {
-		return cc.discard(data + pad)
+		// Another stream's (an old one's): discarded, its bytes granted
+		// back to the connection's window.
+		if err := cc.discard(data + pad); err != nil {
+			return err
+		}
+		if cc.recvUnacked >= connWindow/2 {
+			return cc.flush()
+		}
+		return nil
 	}
 	if int64(size) > st.recvAvail {
 		return protocolError("received %d-bytes data exceeding the limit %d bytes", size, st.recvAvail)

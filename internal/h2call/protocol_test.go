@@ -783,3 +783,36 @@ func TestNewRefuses(t *testing.T) {
 		}
 	}
 }
+
+// DATA of another stream (an old one's, say) is discarded, and its bytes
+// are granted back to the connection's window.
+func TestOtherStreamsDataGrantedBack(t *testing.T) {
+	defer setWindows(defaultWindow, defaultWindow)()
+	s := newScripted(t)
+	ch := s.goCall(context.Background(), "k")
+	sc := s.next(t)
+	sc.handshake()
+	r := sc.readRequest()
+	granted, sent := int64(0), int64(0)
+	chunk := make([]byte, 16<<10)
+	for sent < 4*defaultWindow {
+		if sent-granted+int64(len(chunk)) > defaultWindow {
+			switch f := sc.read().(type) {
+			case *http2.WindowUpdateFrame:
+				if f.StreamID == 0 {
+					granted += int64(f.Increment)
+				}
+			case *http2.SettingsFrame:
+			default:
+				t.Fatalf("server: waiting for the connection's window, got %v", f)
+			}
+			continue
+		}
+		sc.check(sc.fr.WriteData(r.id+2, false, chunk))
+		sent += int64(len(chunk))
+	}
+	sc.answer(r.id, bools(true))
+	if res := wait(t, ch); res.err != nil {
+		t.Fatal(res.err)
+	}
+}
