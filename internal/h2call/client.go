@@ -106,7 +106,8 @@ var (
 	redialMin = 50 * time.Millisecond
 	redialMax = time.Second
 	// idlePeek: a connection idle for longer is checked, without waiting,
-	// for a server that hung up before it carries a call.
+	// for what the server sent meanwhile (a GOAWAY, a hang-up) before it
+	// carries a call.
 	idlePeek = time.Second
 )
 
@@ -291,7 +292,7 @@ func (c *Client) get(ctx context.Context) (*conn, error) {
 		c.idle[n-1] = nil
 		c.idle = c.idle[:n-1]
 		c.mu.Unlock()
-		if time.Since(cc.lastUsed) > idlePeek && cc.peerGone() {
+		if time.Since(cc.lastUsed) > idlePeek && !cc.idleOK() {
 			c.drop(cc)
 			continue
 		}

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -421,4 +423,82 @@ func selfSigned(t testing.TB) (tls.Certificate, *x509.CertPool) {
 	pool := x509.NewCertPool()
 	pool.AddCert(cert)
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pool
+}
+
+// closeNotifier is a listener whose connections report their closing.
+type closeNotifier struct {
+	net.Listener
+	closed chan struct{}
+}
+
+func (l closeNotifier) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &notifyConn{Conn: c, closed: l.closed}, nil
+}
+
+type notifyConn struct {
+	net.Conn
+	once   sync.Once
+	closed chan struct{}
+}
+
+func (c *notifyConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { c.closed <- struct{}{} })
+	return err
+}
+
+// A server that closes an idle connection costs the next call nothing: the
+// client reads what the server sent before using the connection, and makes
+// the call on a new one at the first attempt, in plaintext and over TLS.
+// Here the server is grpc-go's with its keepalive (by default a PING after
+// 2 hours without a call, and the connection closed when it is not
+// answered within 20 s), which an idle lock-step connection does not
+// answer: nothing reads it.
+func TestServerClosesIdleConnection(t *testing.T) {
+	defer func(d time.Duration) { idlePeek = d }(idlePeek)
+	idlePeek = 0
+	cert, pool := selfSigned(t)
+	for _, secure := range []bool{false, true} {
+		t.Run(fmt.Sprintf("TLS=%v", secure), func(t *testing.T) {
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			cn := closeNotifier{lis, make(chan struct{}, 4)}
+			opts := []grpc.ServerOption{grpc.KeepaliveParams(keepalive.ServerParameters{Time: 20 * time.Millisecond, Timeout: 20 * time.Millisecond})}
+			var creds credentials.TransportCredentials
+			if secure {
+				opts = append(opts, grpc.Creds(credentials.NewServerTLSFromCert(&cert)))
+				creds = credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
+			}
+			gs := grpc.NewServer(opts...)
+			umbppb.RegisterUMBPMasterServer(gs, masterdouble.New(masterdouble.Options{}))
+			go func() { _ = gs.Serve(cn) }()
+			defer gs.Stop()
+			addr := lis.Addr().String()
+			var rec recorder
+			dials := 0
+			dial := tcpDial(addr)
+			c := lockstep(t, Options{Dial: func(ctx context.Context) (net.Conn, error) { dials++; return dial(ctx) }, Authority: addr, Creds: creds, StatsHandler: &rec})
+			for i := range 2 {
+				if err := c.Invoke(context.Background(), umbppb.UMBPMaster_BatchLookup_FullMethodName, nil, new(umbppb.BatchLookupResponse)); err != nil {
+					t.Fatalf("call %d: %v", i, err)
+				}
+				if i == 0 {
+					select {
+					case <-cn.closed:
+					case <-time.After(10 * time.Second):
+						t.Fatal("the server did not close the idle connection")
+					}
+				}
+			}
+			if calls, _ := rec.snapshot(); len(calls) != 2 || dials != 2 {
+				t.Errorf("%d attempts and %d dials for 2 calls", len(calls), dials)
+			}
+		})
+	}
 }

@@ -187,34 +187,84 @@ func (cc *conn) usable() bool {
 	return !cc.broken && !cc.goAway && !cc.closed.Load() && cc.nextID <= maxStreamID
 }
 
-// peerGone reports whether the server has closed an idle connection: a
-// read of what is pending, without waiting, finds its end or an error.
-// Anything else pending (a PING, a SETTINGS, a GOAWAY) is read by the next
-// call. A connection that cannot be peeked at is taken as alive.
-func (cc *conn) peerGone() bool {
+// idleOK reports whether a connection that has been idle can carry a
+// call. What the server sent meanwhile is read without waiting for more:
+// complete frames are acted on (a GOAWAY or an error retires the
+// connection, a PING is acknowledged with the next write), and a server
+// that hung up is found out before a call is written to it.
+func (cc *conn) idleOK() bool {
 	sc, ok := cc.raw.(syscall.Conn)
 	if !ok {
-		return false
+		return true
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return true
-	}
-	if cc.br.Buffered() > 0 {
 		return false
 	}
-	gone := false
-	err = rc.Read(func(fd uintptr) bool {
+	secured := cc.nc != cc.raw
+	for range 16 {
+		for cc.frameBuffered() {
+			if err := cc.step(); err != nil || !cc.usable() {
+				return false
+			}
+		}
+		pending, gone := peek(rc)
+		switch {
+		case gone:
+			return false
+		case !pending:
+			return true
+		}
+		// Bytes are pending: this read returns them without waiting. On
+		// a secured connection they may be the start of a record whose
+		// rest is still on its way, or a record that carries no data
+		// (the read goes on to the next): that read is bounded.
+		if secured {
+			_ = cc.raw.SetReadDeadline(time.Now().Add(idleReadWait))
+		}
+		_, err := cc.br.Peek(cc.br.Buffered() + 1)
+		if secured {
+			_ = cc.raw.SetReadDeadline(time.Time{})
+		}
+		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+			return true // the call reads the rest
+		}
+		if err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// idleReadWait bounds idleOK's read on a secured connection.
+const idleReadWait = 10 * time.Millisecond
+
+// frameBuffered reports whether a whole frame is in the read buffer.
+func (cc *conn) frameBuffered() bool {
+	n := cc.br.Buffered()
+	if n < 9 {
+		return false
+	}
+	h, _ := cc.br.Peek(9)
+	return n >= 9+int(h[0])<<16|int(h[1])<<8|int(h[2])
+}
+
+// peek reports whether bytes are pending on a socket, or its peer hung up
+// (or it failed), without waiting.
+func peek(rc syscall.RawConn) (pending, gone bool) {
+	err := rc.Read(func(fd uintptr) bool {
 		var b [1]byte
 		n, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
 		switch {
 		case errno == unix.EAGAIN || errno == unix.EINTR:
 		case errno != 0 || n == 0:
 			gone = true
+		default:
+			pending = true
 		}
 		return true
 	})
-	return gone || err != nil
+	return pending, gone || err != nil
 }
 
 // call makes one call on the connection. unprocessed reports a call the

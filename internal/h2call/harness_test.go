@@ -161,6 +161,7 @@ type srvConn struct {
 func newSrvConn(t *testing.T, c net.Conn) *srvConn {
 	sc := &srvConn{t: t, c: c}
 	sc.fr = http2.NewFramer(c, c)
+	sc.fr.SetMaxReadFrameSize(16 << 10) // what it advertises: nothing
 	sc.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	sc.fr.AllowIllegalWrites = true
 	sc.henc = hpack.NewEncoder(&sc.hbuf)

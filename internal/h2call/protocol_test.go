@@ -706,11 +706,13 @@ func TestFirstFrameNotSettings(t *testing.T) {
 }
 
 // An idle connection the server hung up on is found out before it carries
-// a call: the call goes on a new one.
+// a call: the call goes on a new one, in one attempt (not by a retry after
+// a failed write).
 func TestIdleConnectionGone(t *testing.T) {
 	defer func(d time.Duration) { idlePeek = d }(idlePeek)
 	idlePeek = 0
-	s := newScripted(t)
+	var rec recorder
+	s := newScripted(t, func(o *Options) { o.StatsHandler = &rec })
 	ch := s.goCall(context.Background(), "k")
 	sc := s.next(t)
 	sc.handshake()
@@ -730,6 +732,9 @@ func TestIdleConnectionGone(t *testing.T) {
 	sc2.answer(r.id, bools(true))
 	if res := wait(t, ch); res.err != nil {
 		t.Fatal(res.err)
+	}
+	if calls, _ := rec.snapshot(); len(calls) != 2 {
+		t.Errorf("%d attempts for 2 calls", len(calls))
 	}
 }
 
@@ -814,5 +819,37 @@ func TestOtherStreamsDataGrantedBack(t *testing.T) {
 	sc.answer(r.id, bools(true))
 	if res := wait(t, ch); res.err != nil {
 		t.Fatal(res.err)
+	}
+}
+
+// A GOAWAY that reaches an idle connection retires it before it carries
+// another call: the next call goes on a new connection at its first
+// attempt, and the old one is closed.
+func TestIdleGoAway(t *testing.T) {
+	defer func(d time.Duration) { idlePeek = d }(idlePeek)
+	idlePeek = 0
+	var rec recorder
+	s := newScripted(t, func(o *Options) { o.StatsHandler = &rec })
+	ch := s.goCall(context.Background(), "k")
+	sc := s.next(t)
+	sc.handshake()
+	r := sc.readRequest()
+	sc.answer(r.id, bools(true))
+	if res := wait(t, ch); res.err != nil {
+		t.Fatal(res.err)
+	}
+	sc.check(sc.fr.WritePing(false, [8]byte{9}))
+	sc.check(sc.fr.WriteGoAway(r.id, http2.ErrCodeNo, nil))
+	ch = s.goCall(context.Background(), "k")
+	sc.expectEOF()
+	sc2 := s.next(t)
+	sc2.handshake()
+	r = sc2.readRequest()
+	sc2.answer(r.id, bools(true))
+	if res := wait(t, ch); res.err != nil {
+		t.Fatal(res.err)
+	}
+	if calls, _ := rec.snapshot(); len(calls) != 2 {
+		t.Errorf("%d attempts for 2 calls", len(calls))
 	}
 }
