@@ -339,6 +339,9 @@ func (c *Client) connect(ctx context.Context) (*conn, error) {
 	stop := context.AfterFunc(c.closeCtx, cancel)
 	defer stop()
 	raw, err := c.dial(dctx)
+	if err == nil && raw == nil {
+		err = errors.New("the dial function returned no connection")
+	}
 	nc := raw
 	if err == nil && c.creds != nil {
 		nc, _, err = c.creds.ClientHandshake(dctx, c.authority, raw)

@@ -14,7 +14,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -252,12 +251,12 @@ func (cc *conn) frameBuffered() bool {
 // peek reports whether bytes are pending on a socket, or its peer hung up
 // (or it failed), without waiting.
 func peek(rc syscall.RawConn) (pending, gone bool) {
+	var b [1]byte
 	err := rc.Read(func(fd uintptr) bool {
-		var b [1]byte
-		n, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
 		switch {
-		case errno == unix.EAGAIN || errno == unix.EINTR:
-		case errno != 0 || n == 0:
+		case err == unix.EAGAIN || err == unix.EINTR:
+		case err != nil || n == 0:
 			gone = true
 		default:
 			pending = true
