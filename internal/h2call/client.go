@@ -29,8 +29,11 @@
 // credentials' handshake when there are some), or waits for one to be
 // free. A connection that failed, was reset, or that the server is
 // draining (GOAWAY) is closed after its call; the next call dials anew.
-// After a failed dial, calls fail at once for a short while (from 50 ms,
-// doubling to 1 s) rather than dial again.
+// Nothing reads an idle connection: one idle for over a second is checked,
+// without waiting, for what the server sent meanwhile before it carries a
+// call (a GOAWAY or a hang-up retires it; a PING is answered with the
+// call). After a failed dial, calls fail at once for a short while (from
+// 50 ms, doubling to 1 s) rather than dial again.
 //
 // # Errors
 //
@@ -213,6 +216,11 @@ func New(opts Options) (*Client, error) {
 // req, the request message already encoded, and unmarshals the reply into
 // resp. req is only read, and not after Invoke returns. It returns nil or a
 // status error (see the package's doc).
+//
+// The reply's bytes are received into a buffer of the connection, reused
+// from call to call, and unmarshalled from there into resp, which keeps
+// copies: no buffer changes hands, and a call allocates nothing of its own
+// (what resp's content needs is proto.Unmarshal's to allocate).
 func (c *Client) Invoke(ctx context.Context, method string, req []byte, resp proto.Message) error {
 	if err := ctx.Err(); err != nil {
 		return ctxFailure(err)
