@@ -32,8 +32,8 @@
 // Nothing reads an idle connection: one idle for over a second is checked,
 // without waiting, for what the server sent meanwhile before it carries a
 // call (a GOAWAY or a hang-up retires it; a PING is answered with the
-// call). After a failed dial, calls fail at once for a short while (from
-// 50 ms, doubling to 1 s) rather than dial again.
+// call). After a failed dial, calls fail at once for a while
+// (Options.Redial) rather than dial again.
 //
 // # Errors
 //
@@ -87,6 +87,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/stats"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/umbp-go/umbp-go/internal/backoff"
 )
 
 // Defaults of Options.
@@ -102,12 +104,11 @@ const (
 	DefaultAuthority = "localhost"
 )
 
+// defaultRedial paces dials after a failed one when Options.Redial is zero.
+var defaultRedial = backoff.Policy{Base: 50 * time.Millisecond, Max: time.Second, Jitter: 0.2}
+
 // Variables so that tests can change them.
 var (
-	// redialMin and redialMax bound the pause after a failed dial during
-	// which calls fail at once; it doubles with each failure.
-	redialMin = 50 * time.Millisecond
-	redialMax = time.Second
 	// idlePeek: a connection idle for longer is checked, without waiting,
 	// for what the server sent meanwhile (a GOAWAY, a hang-up) before it
 	// carries a call.
@@ -136,6 +137,10 @@ type Options struct {
 	// DialTimeout bounds a dial and its handshake; DefaultDialTimeout when
 	// 0.
 	DialTimeout time.Duration
+	// Redial paces dials after a failed one: until the pause it gives has
+	// passed, calls fail at once with the failed dial's error, without
+	// dialling. When zero: from 50 ms, doubling up to 1 s, ±20%.
+	Redial backoff.Policy
 	// UserAgent is sent as each call's user-agent; none when empty.
 	UserAgent string
 	// StatsHandler, when not nil, sees each call and each connection as it
@@ -153,6 +158,7 @@ type Client struct {
 	userAgent   string
 	maxReply    int
 	dialTimeout time.Duration
+	redial      backoff.Policy
 	sh          stats.Handler
 
 	slots    chan struct{}   // a token per call holding a connection
@@ -160,13 +166,13 @@ type Client struct {
 	closeCtx context.Context // ends with Close: dials in progress stop
 	cancel   context.CancelFunc
 
-	mu       sync.Mutex
-	idle     []*conn // most recently used last
-	all      map[*conn]struct{}
-	closed   bool
-	dialErr  error     // the last dial's failure
-	retryAt  time.Time // calls fail with dialErr until then
-	redialIn time.Duration
+	mu        sync.Mutex
+	idle      []*conn // most recently used last
+	all       map[*conn]struct{}
+	closed    bool
+	dialErr   error     // the last dial's failure
+	retryAt   time.Time // calls fail with dialErr until then
+	lastPause time.Duration
 }
 
 // New returns a Client; it does no I/O.
@@ -189,10 +195,13 @@ func New(opts Options) (*Client, error) {
 		userAgent:   opts.UserAgent,
 		maxReply:    opts.MaxReplyBytes,
 		dialTimeout: opts.DialTimeout,
+		redial:      opts.Redial,
 		sh:          opts.StatsHandler,
 		done:        make(chan struct{}),
 		all:         map[*conn]struct{}{},
-		redialIn:    redialMin,
+	}
+	if c.redial == (backoff.Policy{}) {
+		c.redial = defaultRedial
 	}
 	if c.authority == "" {
 		c.authority = DefaultAuthority
@@ -366,8 +375,8 @@ func (c *Client) connect(ctx context.Context) (*conn, error) {
 		}
 		err = transportFailure(err, "connection error: transport: error while dialing")
 		c.mu.Lock()
-		c.dialErr, c.retryAt = err, time.Now().Add(c.redialIn)
-		c.redialIn = min(2*c.redialIn, redialMax)
+		c.lastPause = c.redial.Next(c.lastPause)
+		c.dialErr, c.retryAt = err, time.Now().Add(c.lastPause)
 		c.mu.Unlock()
 		return nil, err
 	}
@@ -384,7 +393,7 @@ func (c *Client) connect(ctx context.Context) (*conn, error) {
 		return nil, closedFailure()
 	}
 	c.all[cc] = struct{}{}
-	c.dialErr, c.redialIn = nil, redialMin
+	c.dialErr, c.lastPause = nil, 0
 	c.mu.Unlock()
 	return cc, nil
 }

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/umbp-go/umbp-go/internal/backoff"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
@@ -669,11 +670,10 @@ func TestCloseWakesCalls(t *testing.T) {
 // calls fail at once for a while after, without dialling; then a dial is
 // tried again.
 func TestDialFails(t *testing.T) {
-	defer func(a, b time.Duration) { redialMin, redialMax = a, b }(redialMin, redialMax)
-	redialMin, redialMax = time.Hour, time.Hour
 	errNo := errors.New("no server")
 	dials := 0
-	c, err := New(Options{Dial: func(context.Context) (net.Conn, error) { dials++; return nil, errNo }, MaxReplyBytes: 1})
+	c, err := New(Options{Dial: func(context.Context) (net.Conn, error) { dials++; return nil, errNo }, MaxReplyBytes: 1,
+		Redial: backoff.Policy{Base: time.Hour, Max: time.Hour}})
 	if err != nil {
 		t.Fatal(err)
 	}
