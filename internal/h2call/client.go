@@ -79,6 +79,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"runtime"
 	"sync"
 	"time"
 
@@ -93,9 +94,13 @@ import (
 
 // Defaults of Options.
 const (
-	// DefaultMaxConns is how many connections a Client opens at most when
-	// Options.MaxConns is 0.
-	DefaultMaxConns = 16
+	// MinDefaultMaxConns is how many connections a Client opens at most
+	// when Options.MaxConns is 0, or GOMAXPROCS when that is more. With
+	// 16 goroutines looking up 64 keys at once on 2 cores, 4 connections
+	// gave more calls a second than 2, 8 or 16, and the lowest 99th
+	// percentile: a call beyond them waits its turn rather than add one
+	// more stream of work to a server whose CPUs are busy.
+	MinDefaultMaxConns = 4
 	// DefaultDialTimeout bounds a dial and its handshake when
 	// Options.DialTimeout is 0 (grpc-go's minimum connect timeout).
 	DefaultDialTimeout = 20 * time.Second
@@ -131,8 +136,9 @@ type Options struct {
 	Authority string
 	// MaxReplyBytes bounds a reply message; it must be positive.
 	MaxReplyBytes int
-	// MaxConns bounds the connections open at once; DefaultMaxConns when
-	// 0. A call beyond them waits for one to be free.
+	// MaxConns bounds the connections open at once; when 0,
+	// MinDefaultMaxConns or GOMAXPROCS, whichever is more. A call beyond
+	// them waits for one to be free.
 	MaxConns int
 	// DialTimeout bounds a dial and its handshake; DefaultDialTimeout when
 	// 0.
@@ -214,7 +220,7 @@ func New(opts Options) (*Client, error) {
 	}
 	n := opts.MaxConns
 	if n == 0 {
-		n = DefaultMaxConns
+		n = max(MinDefaultMaxConns, runtime.GOMAXPROCS(0))
 	}
 	c.slots = make(chan struct{}, n)
 	c.closeCtx, c.cancel = context.WithCancel(context.Background())
