@@ -18,8 +18,14 @@ build:
 # under the race detector.
 CONTRIB := contrib/prometheus contrib/otel
 TESTFLAGS := -race -count=1 -timeout 10m
+# The scheduler's tests run a second time with its lookups through grpc-go's
+# call path (Config.GRPCLookups) instead of the lock-step call: every
+# guarantee holds on both.
+SCHEDULER_TESTS := Lookup|Schedul|Cluster|Score|Quarantin|Replica|StoreOutage|Hostile|Errors|Attach|Restart|Token|Example
 test:
 	@GO='$(GO)' $(GO) run ./scripts/testprogress $(TESTFLAGS) ./...
+	@echo "== umbp's scheduler tests, lookups through grpc-go"
+	@UMBP_TEST_GRPC_LOOKUPS=1 GO='$(GO)' $(GO) run ./scripts/testprogress $(TESTFLAGS) -run '$(SCHEDULER_TESTS)' ./umbp
 	@set -e; for m in $(CONTRIB); do echo "== $$m"; GO='$(GO)' $(GO) run ./scripts/testprogress -C $$m $(TESTFLAGS) ./...; done
 
 test-short:

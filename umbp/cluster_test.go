@@ -75,6 +75,7 @@ func clusterConfig(t testing.TB, addr string) umbp.ClusterConfig {
 		LookupTimeout:  200 * time.Millisecond,
 		StartupTimeout: 5 * time.Second,
 		Logger:         testLogger(t),
+		GRPCLookups:    grpcLookups,
 	}
 }
 

@@ -70,13 +70,22 @@ type Config struct {
 	// its sockets and its process are checked; the check cannot be turned
 	// off otherwise.
 	TrustedUIDs []int
+	// GRPCLookups makes lookups (Lookup, LookupPrefix, and Score's pool
+	// prefix) go through grpc-go's call path, as every other call does.
+	// By default they are lock-step calls: each written and read to its
+	// end by the goroutine that makes it, on a few HTTP/2 connections of
+	// their own, with none of grpc-go's hand-offs between goroutines
+	// (docs/PERFORMANCE.md says what each costs). Both check the server's
+	// identity alike and keep every guarantee; this is for comparison, or
+	// a fallback.
+	GRPCLookups bool
 	// StatsHandler, when not nil, is installed on every handle's gRPC
 	// connection (grpc.WithStatsHandler), reconnections included, to trace
 	// or measure each call: for OpenTelemetry, otelgrpc.NewClientHandler().
-	// It sees the gRPC calls only; the fd handoff is not gRPC. One handler
-	// may serve every handle. A request message it is shown (the Payload
-	// of stats.OutPayload) is reused once the call returns: copy what it
-	// keeps.
+	// It sees the lock-step lookups as it sees gRPC calls, and does not see
+	// the fd handoff, which is not gRPC. One handler may serve every
+	// handle. A request message it is shown (the Payload of
+	// stats.OutPayload) is reused once the call returns: copy what it keeps.
 	StatsHandler stats.Handler
 }
 
@@ -134,6 +143,7 @@ func (c Config) settle() (settings, error) {
 		Logger:       c.Logger,
 		Trust:        trust,
 		StatsHandler: c.StatsHandler,
+		GRPCLookups:  c.GRPCLookups,
 	}}, nil
 }
 
@@ -255,8 +265,12 @@ type ClusterConfig struct {
 	MaxNodes      int
 	// Logger receives the package's warnings. Nil means slog.Default().
 	Logger *slog.Logger
-	// StatsHandler, when not nil, is installed on each handle's channel.
+	// StatsHandler, when not nil, is installed on each handle's channel,
+	// and sees the lock-step lookups as it sees gRPC calls.
 	StatsHandler stats.Handler
+	// GRPCLookups makes BatchLookup go through grpc-go's call path, as
+	// Config.GRPCLookups does for a standalone server.
+	GRPCLookups bool
 }
 
 func (c ClusterConfig) withDefaults() (ClusterConfig, error) {

@@ -20,6 +20,8 @@ import (
 )
 
 // testConfig is a config for endpoint whose logs go nowhere unless -v.
+// With UMBP_TEST_GRPC_LOOKUPS=1 its lookups go through grpc-go's call path
+// (make test runs the scheduler's tests both ways).
 func testConfig(t testing.TB, endpoint string) umbp.Config {
 	return umbp.Config{
 		Endpoint:       endpoint,
@@ -27,8 +29,12 @@ func testConfig(t testing.TB, endpoint string) umbp.Config {
 		LookupTimeout:  200 * time.Millisecond,
 		StartupTimeout: 5 * time.Second,
 		Logger:         testLogger(t),
+		GRPCLookups:    grpcLookups,
 	}
 }
+
+// grpcLookups is UMBP_TEST_GRPC_LOOKUPS=1.
+var grpcLookups = os.Getenv("UMBP_TEST_GRPC_LOOKUPS") == "1"
 
 func newRuntime(t testing.TB, cfg umbp.Config) *umbp.StandaloneRuntime {
 	t.Helper()

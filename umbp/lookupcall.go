@@ -160,11 +160,15 @@ func call[T any](ctx context.Context, c *caller, what string, fn func(context.Co
 // ends it).
 func (c *caller) reset() {
 	pool, err := newLookupPool()
+	if err != nil {
+		return // the old goroutines serve on; the old connection's calls fail
+	}
 	c.mu.Lock()
 	old := c.calls
-	if c.closed || err != nil {
+	if c.closed {
 		c.mu.Unlock()
-		return // close shuts the pool down
+		pool.Shutdown() // close shut the old one down
+		return
 	}
 	c.calls, c.unanswered = pool, nil
 	c.mu.Unlock()

@@ -96,6 +96,7 @@ func newMasterBackend(ctx context.Context, cfg ClusterConfig) (*masterBackend, e
 			StatsHandler:   cfg.StatsHandler,
 			Redial:         masterRedial,
 			ConnectTimeout: masterConnectTimeout,
+			GRPCLookups:    cfg.GRPCLookups,
 		})
 		if err != nil {
 			b.closeChannels()

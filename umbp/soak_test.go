@@ -47,6 +47,10 @@ const (
 	soakSettleWithin = 10 * time.Second
 )
 
+// soakLookupConns bounds the scheduler handle's lock-step lookup
+// connections: h2call's default, 4 or GOMAXPROCS when that is more.
+func soakLookupConns() int { return max(4, runtime.GOMAXPROCS(0)) }
+
 // fdCounts are this process's open pidfds and sockets.
 type fdCounts struct{ pidfds, sockets int }
 
@@ -690,10 +694,13 @@ func TestSoak(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = sched.Close() })
 	// The descriptors the handles hold for their servers: one connection
-	// each, with its pidfd. Every fault must give back what it took once
-	// it has settled: a handle beside a server that restarts for weeks
-	// must not run out.
+	// each, with its server's pidfd, and the scheduler's lock-step lookup
+	// connections (to the same server: no pidfd of their own), at most
+	// soakLookupConns of them. Every fault must give back what it took
+	// once it has settled: a handle beside a server that restarts for
+	// weeks must not run out.
 	fds0 := countFDs(t)
+	fds0.sockets += soakLookupConns()
 
 	var sampler soakSampler
 	samplerStop := make(chan struct{})

@@ -31,6 +31,9 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/umbp-go/umbp-go/internal/h2call"
 	"github.com/umbp-go/umbp-go/internal/rpc"
 
 	"google.golang.org/grpc"
@@ -62,8 +65,13 @@ type Options struct {
 	// PeerCheck, when not nil, runs on the connected fd-handoff socket
 	// before a descriptor leaves the process, after the trust check passed.
 	PeerCheck fdpass.PeerCheck
-	// StatsHandler, when not nil, is installed on the gRPC channel.
+	// StatsHandler, when not nil, is installed on the gRPC channel and
+	// sees the lock-step lookups as it sees a gRPC call.
 	StatsHandler stats.Handler
+	// GRPCLookups sends lookups (BatchExists, BatchExistsConsecutive)
+	// through the gRPC channel, as every other call; by default they are
+	// lock-step calls (internal/h2call) on connections of their own.
+	GRPCLookups bool
 }
 
 // withStatsHandler installs h on a channel; nil installs nothing.
@@ -108,6 +116,14 @@ type Conn struct {
 
 	cc  *grpc.ClientConn
 	raw umbppb.UMBPStandaloneClient
+	// lookups makes the lookups lock-step, on connections it dials to the
+	// server Dial attached to (nil: through cc); ident is that server's
+	// socket, which they must still find at the path.
+	lookups *h2call.Client
+	ident   socketIdent
+	// serverPID is the pid of the server the transport reached (0: not
+	// known).
+	serverPID atomic.Int64
 
 	closed   atomic.Bool
 	attached atomic.Bool // Dial returned it: no transport is dialled after
@@ -200,6 +216,22 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 		return nil, err
 	}
 	c.setCaps(caps)
+	if !opts.GRPCLookups {
+		if c.ident, err = statSocket(grpcPath); err == nil {
+			c.lookups, err = h2call.New(h2call.Options{
+				Dial:          c.dialLookup,
+				MaxReplyBytes: rpc.MaxMessageSize,
+				Redial:        lookupRedial,
+				UserAgent:     "umbp-go",
+				StatsHandler:  opts.StatsHandler,
+			})
+		}
+		if err != nil {
+			_ = cc.Close()
+			c.peers.close()
+			return nil, fmt.Errorf("dial: %w: %w", ErrUnavailable, err)
+		}
+	}
 	// From now on the connection is its one transport: a lost one is not
 	// redialled (the caller attaches anew, with a new connection).
 	c.attached.Store(true)
@@ -276,6 +308,7 @@ func (c *Conn) dialGRPC(ctx context.Context, _ string) (net.Conn, error) {
 		return nil, err
 	}
 	c.dials.Add(1)
+	c.serverPID.Store(int64(peerPID(nc.(*net.UnixConn))))
 	c.peers.add(nc.(*net.UnixConn))
 	switch c.handshake.Load() {
 	case answered:
@@ -286,6 +319,60 @@ func (c *Conn) dialGRPC(ctx context.Context, _ string) (net.Conn, error) {
 	}
 	return &firstRead{Conn: nc, c: c}, nil
 }
+
+// dialLookup connects the lock-step lookups to the server Dial attached
+// to, and to no other: the Conn's transport must not be lost (gRPC sees a
+// server that went away first), the socket at the path must be the one
+// Dial connected to, and its process the one Dial's transport reached — a
+// restarted server is another, which the caller attaches to anew. The
+// connection passes the trust check as every one does.
+func (c *Conn) dialLookup(ctx context.Context) (net.Conn, error) {
+	if c.closed.Load() {
+		return nil, ErrClosed
+	}
+	if s := c.cc.GetState(); s != connectivity.Ready {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, errTransportLost)
+	}
+	if id, err := statSocket(c.grpcPath); err != nil || id != c.ident {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, errServerReplaced)
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", c.grpcPath)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	uc := nc.(*net.UnixConn)
+	if err := c.trust.checkConn(c.grpcPath, uc); err != nil {
+		_ = nc.Close()
+		return nil, err
+	}
+	if want, got := c.serverPID.Load(), int64(peerPID(uc)); want != 0 && got != want {
+		_ = nc.Close()
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, errServerReplaced)
+	}
+	c.peers.add(uc)
+	return nc, nil
+}
+
+// socketIdent identifies a server's socket file: one that restarts binds
+// the path anew, a new file (its inode number may be reused at once; its
+// change time is new).
+type socketIdent struct {
+	dev, ino        uint64
+	ctimeS, ctimeNS int64
+}
+
+func statSocket(path string) (socketIdent, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return socketIdent{}, err
+	}
+	return socketIdent{dev: st.Dev, ino: st.Ino, ctimeS: st.Ctim.Sec, ctimeNS: st.Ctim.Nsec}, nil
+}
+
+// errServerReplaced refuses a lookup connection to a server that is not the
+// one Dial attached to.
+var errServerReplaced = errors.New("the server at the socket is not the one this connection attached to")
 
 // errTransportLost refuses gRPC's redial of a Conn's lost transport.
 var errTransportLost = errors.New("the connection's transport was lost; it is not redialled")
@@ -364,6 +451,9 @@ func (c *Conn) Ping(ctx context.Context) (Capabilities, error) {
 func (c *Conn) Close() error {
 	c.closeOnce.Do(func() {
 		c.closed.Store(true)
+		if c.lookups != nil {
+			_ = c.lookups.Close()
+		}
 		if err := c.cc.Close(); err != nil {
 			c.closeErr = fmt.Errorf("close: %w", err)
 		}

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -304,6 +305,85 @@ func TestNoRedialAfterLoss(t *testing.T) {
 	}
 	if n := c.Transports(); n != 1 {
 		t.Fatalf("Transports = %d, want 1", n)
+	}
+}
+
+// TestLookupsNotRedialledToANewServer: the lock-step lookups dial
+// connections of their own, to the server Dial attached to only; once it is
+// gone they fail as every call of the Conn does, even with a new server at
+// the path, which they never reach.
+func TestLookupsNotRedialledToANewServer(t *testing.T) {
+	f := startFake(t)
+	c := dial(t, f.endpoint)
+	if c.lookups == nil {
+		t.Fatal("no lock-step lookups by default")
+	}
+	ctx := context.Background()
+	if _, errs := c.BatchExists(ctx, []string{"a", "b"}); errs != nil {
+		t.Fatalf("BatchExists: %v", errs)
+	}
+	f.take()
+	f.stop()
+	f.serve(t) // a new server, a new socket at the same path
+	for range 3 {
+		ok, errs := c.BatchExists(ctx, []string{"a"})
+		if len(errs) != 1 || !errors.Is(errs[0], ErrUnavailable) || ok[0] {
+			t.Fatalf("BatchExists with the server replaced: %v, %v", ok, errs)
+		}
+	}
+	if n, err := c.BatchExistsConsecutive(ctx, []string{"a"}); n != 0 || !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("BatchExistsConsecutive with the server replaced: %d, %v", n, err)
+	}
+	if calls := f.take(); len(calls) != 0 {
+		t.Fatalf("the new server got %d calls from the old Conn: %v", len(calls), calls)
+	}
+	fresh := dial(t, f.endpoint)
+	if _, errs := fresh.BatchExists(ctx, []string{"a"}); errs != nil {
+		t.Fatalf("BatchExists on a new Conn: %v", errs)
+	}
+}
+
+// TestLookupConnectionsShareThePidfd: the lock-step lookups' connections
+// go to the server the Conn watches already; however many there are, the
+// Conn holds one pidfd for it.
+func TestLookupConnectionsShareThePidfd(t *testing.T) {
+	f := startServerProcess(t, shortDir(t), -1)
+	c := dial(t, f.endpoint)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Go(func() {
+			for range 20 {
+				if _, errs := c.BatchExists(ctx, []string{"a"}); errs != nil {
+					t.Errorf("BatchExists: %v", errs)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	c.peers.mu.Lock()
+	n := len(c.peers.fds)
+	c.peers.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("%d pidfds held for one server, want 1", n)
+	}
+}
+
+// TestGRPCLookups: with Options.GRPCLookups the lookups go through the
+// gRPC channel, and the Conn dials nothing else.
+func TestGRPCLookups(t *testing.T) {
+	f := startFake(t)
+	c := dial(t, f.endpoint, func(o *Options) { o.GRPCLookups = true })
+	if c.lookups != nil {
+		t.Fatal("lock-step lookups with GRPCLookups")
+	}
+	if _, errs := c.BatchExists(context.Background(), []string{"a"}); errs != nil {
+		t.Fatalf("BatchExists: %v", errs)
+	}
+	f.stop()
+	if _, errs := c.BatchExists(context.Background(), []string{"a"}); len(errs) != 1 || !errors.Is(errs[0], ErrUnavailable) {
+		t.Fatalf("BatchExists with the server down: %v", errs)
 	}
 }
 

@@ -3,6 +3,8 @@ package conn
 import (
 	"context"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/umbp-go/umbp-go/internal/rpc"
 
 	"github.com/umbp-go/umbp-go/internal/encoded"
@@ -35,7 +37,7 @@ func (c *Conn) BatchExistsEncoded(ctx context.Context, k encoded.Keys) (ok []boo
 	}
 	return c.run(ctx, op, k.N, rpc.Spans(k), 1, func(ctx context.Context, s rpc.Span) ([]bool, error) {
 		resp := new(umbppb.BatchBoolResponse)
-		if err := rpc.InvokeEncoded(ctx, c.cc, umbppb.UMBPStandalone_BatchExists_FullMethodName, rpc.Part(k, s), resp); err != nil {
+		if err := c.invokeLookup(ctx, umbppb.UMBPStandalone_BatchExists_FullMethodName, rpc.Part(k, s), resp); err != nil {
 			return nil, c.rpcError(ctx, op, err)
 		}
 		return resp.GetOk(), nil
@@ -53,7 +55,7 @@ func (c *Conn) BatchExistsConsecutiveEncoded(ctx context.Context, k encoded.Keys
 	total := 0
 	for _, p := range k.Parts {
 		resp := new(umbppb.CountResponse)
-		if err := rpc.InvokeEncoded(ctx, c.cc, umbppb.UMBPStandalone_BatchExistsConsecutive_FullMethodName, p.Msg, resp); err != nil {
+		if err := c.invokeLookup(ctx, umbppb.UMBPStandalone_BatchExistsConsecutive_FullMethodName, p.Msg, resp); err != nil {
 			return total, c.rpcError(ctx, op, err)
 		}
 		n := p.End - p.Start
@@ -67,6 +69,16 @@ func (c *Conn) BatchExistsConsecutiveEncoded(ctx context.Context, k encoded.Keys
 		}
 	}
 	return total, nil
+}
+
+// invokeLookup sends the encoded lookup msg: lock-step, or through the
+// gRPC channel. Either way msg is sent (or freed) once.
+func (c *Conn) invokeLookup(ctx context.Context, method string, msg *encoded.Message, resp proto.Message) error {
+	if c.lookups == nil {
+		return rpc.InvokeEncoded(ctx, c.cc, method, msg, resp)
+	}
+	defer msg.Free()
+	return c.lookups.Invoke(ctx, method, msg.Bytes(), resp)
 }
 
 // BatchExists is EncodeKeys and BatchExistsEncoded.

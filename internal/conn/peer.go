@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"os"
+	"slices"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -16,9 +17,24 @@ import (
 type peers struct {
 	mu      sync.Mutex
 	fds     []int
-	unknown bool // a transport whose server could not be pinned
-	self    bool // a transport whose server is this process
+	pids    []int // fds[i] is process pids[i]'s (0: not known)
+	unknown bool  // a transport whose server could not be pinned
+	self    bool  // a transport whose server is this process
 	closed  bool
+}
+
+// peerPID is the pid of the process at c's other end, as SO_PEERCRED
+// tells it: 0 when not known (another pid namespace).
+func peerPID(c *net.UnixConn) int {
+	pid := 0
+	if raw, err := c.SyscallConn(); err == nil {
+		_ = raw.Control(func(fd uintptr) {
+			if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+				pid = int(cred.Pid)
+			}
+		})
+	}
+	return pid
 }
 
 // add pins the process behind a freshly dialled transport: by
@@ -62,8 +78,13 @@ func (p *peers) add(c *net.UnixConn) {
 		return
 	}
 	switch {
+	case pidfd >= 0 && pid > 0 && slices.Contains(p.pids, pid):
+		// A process already watched (another transport to the same
+		// server: the lock-step lookups' connections): one pidfd does.
+		_ = unix.Close(pidfd)
 	case pidfd >= 0:
 		p.fds = append(p.fds, pidfd)
+		p.pids = append(p.pids, pid)
 	case !gone:
 		p.unknown = true
 	}
@@ -76,7 +97,7 @@ func (p *peers) close() {
 	for _, fd := range p.fds {
 		_ = unix.Close(fd)
 	}
-	p.fds = nil
+	p.fds, p.pids = nil, nil
 }
 
 // ServedInProcess reports whether a server in this very process served one

@@ -1,6 +1,9 @@
 package conn
 
 import (
+	"time"
+
+	"github.com/umbp-go/umbp-go/internal/backoff"
 	"github.com/umbp-go/umbp-go/internal/rpc"
 )
 
@@ -26,6 +29,10 @@ const (
 	partBytes     = 32 << 20
 	partsInFlight = 4
 )
+
+// A lookup connection that could not be dialled is dialled again after
+// pauses paced by lookupRedial (meanwhile lookups fail at once).
+var lookupRedial = backoff.Policy{Base: 50 * time.Millisecond, Max: time.Second, Jitter: 0.2}
 
 // maxRecycledRanges bounds the ranged requests kept for reuse: 64 Ki
 // ranges, about 2.5 MiB of arrays.

@@ -74,7 +74,7 @@ func worldDir(t *testing.T) string {
 	return dir
 }
 
-// foreign is a server process running as foreignUID.
+// foreign is a server process, running as foreignUID unless said otherwise.
 type foreign struct {
 	endpoint         string
 	grpcPath, fdPath string
@@ -87,6 +87,13 @@ type foreign struct {
 func startForeign(t *testing.T, dir string) *foreign {
 	t.Helper()
 	requireRoot(t)
+	return startServerProcess(t, dir, foreignUID)
+}
+
+// startServerProcess starts a server process on dir, running as uid, or
+// as this process's user when uid is -1.
+func startServerProcess(t *testing.T, dir string, uid int) *foreign {
+	t.Helper()
 	grpcPath := filepath.Join(dir, "n.grpc.sock")
 	_, fdPath, err := fdpass.SocketPaths(grpcPath)
 	if err != nil {
@@ -97,8 +104,10 @@ func startForeign(t *testing.T, dir string) *foreign {
 	// directories on its path are closed to foreignUID.
 	cmd := exec.Command("/proc/self/exe", "-test.run=^$")
 	cmd.Env = append(os.Environ(), serveEnv+"="+endpoint)
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Credential: &syscall.Credential{Uid: foreignUID, Gid: foreignUID},
+	if uid >= 0 {
+		cmd.SysProcAttr = &syscall.SysProcAttr{
+			Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)},
+		}
 	}
 	// Its stdin is a pipe that closes when this process exits: then it
 	// exits too.
@@ -112,7 +121,7 @@ func startForeign(t *testing.T, dir string) *foreign {
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start a server as uid %d: %v", foreignUID, err)
+		t.Fatalf("start a server as uid %d: %v", uid, err)
 	}
 	stopped := false
 	stop := func() {
@@ -128,7 +137,7 @@ func startForeign(t *testing.T, dir string) *foreign {
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	if err != nil || line != "listening\n" {
 		stop()
-		t.Fatalf("server as uid %d did not start: %q %v; stderr: %s", foreignUID, line, err, stderr.String())
+		t.Fatalf("server as uid %d did not start: %q %v; stderr: %s", uid, line, err, stderr.String())
 	}
 	return &foreign{endpoint: endpoint, grpcPath: grpcPath, fdPath: fdPath, pid: cmd.Process.Pid}
 }

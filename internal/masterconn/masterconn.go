@@ -24,9 +24,11 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/stats"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/umbp-go/umbp-go/internal/backoff"
 	"github.com/umbp-go/umbp-go/internal/encoded"
+	"github.com/umbp-go/umbp-go/internal/h2call"
 	"github.com/umbp-go/umbp-go/internal/rpc"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
@@ -59,12 +61,17 @@ type Options struct {
 	// one connection attempt (0: gRPC's default).
 	Redial         backoff.Policy
 	ConnectTimeout time.Duration
+	// GRPCLookups sends BatchLookup through the gRPC channel, as every
+	// other call; by default it is a lock-step call (internal/h2call) on
+	// connections of its own, dialled to Address with Creds.
+	GRPCLookups bool
 }
 
 // Conn is a channel to the master. gRPC redials it on its own.
 type Conn struct {
 	cc       *grpc.ClientConn
 	raw      umbppb.UMBPMasterClient
+	lookups  *h2call.Client // BatchLookup lock-step; nil: through cc
 	maxNodes int
 }
 
@@ -133,6 +140,26 @@ func New(opts Options) (*Conn, error) {
 	if c.maxNodes <= 0 {
 		c.maxNodes = rpc.MaxNodes
 	}
+	if !opts.GRPCLookups {
+		addr := opts.Address
+		c.lookups, err = h2call.New(h2call.Options{
+			Dial: func(ctx context.Context) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, "tcp", addr)
+			},
+			Creds:         opts.Creds,
+			Authority:     addr,
+			MaxReplyBytes: maxReply,
+			DialTimeout:   connect,
+			Redial:        opts.Redial,
+			UserAgent:     "umbp-go",
+			StatsHandler:  opts.StatsHandler,
+		})
+		if err != nil {
+			_ = cc.Close()
+			return nil, err
+		}
+	}
 	return c, nil
 }
 
@@ -151,7 +178,12 @@ func (c *Conn) WaitForStateChange(ctx context.Context, s connectivity.State) boo
 func (c *Conn) Connect() { c.cc.Connect() }
 
 // Close closes the channel; calls in flight fail at once.
-func (c *Conn) Close() error { return c.cc.Close() }
+func (c *Conn) Close() error {
+	if c.lookups != nil {
+		_ = c.lookups.Close()
+	}
+	return c.cc.Close()
+}
 
 // rpcError classifies a call's failure (rpc.Error); a call cut off by
 // Close reads as closed from gRPC's own words.
@@ -187,7 +219,7 @@ func (c *Conn) BatchLookupEncoded(ctx context.Context, k encoded.Keys) ([]bool, 
 	var found []bool
 	for _, p := range k.Parts {
 		resp := new(umbppb.BatchLookupResponse)
-		if err := rpc.InvokeEncoded(ctx, c.cc, umbppb.UMBPMaster_BatchLookup_FullMethodName, p.Msg, resp); err != nil {
+		if err := c.invokeLookup(ctx, p.Msg, resp); err != nil {
 			return nil, rpcError(ctx, op, err)
 		}
 		got := resp.GetFound()
@@ -200,6 +232,17 @@ func (c *Conn) BatchLookupEncoded(ctx context.Context, k encoded.Keys) ([]bool, 
 		found = append(found, got...)
 	}
 	return found, nil
+}
+
+// invokeLookup sends the encoded BatchLookup msg: lock-step, or through the
+// gRPC channel. Either way msg is sent (or freed) once.
+func (c *Conn) invokeLookup(ctx context.Context, msg *encoded.Message, resp proto.Message) error {
+	const method = umbppb.UMBPMaster_BatchLookup_FullMethodName
+	if c.lookups == nil {
+		return rpc.InvokeEncoded(ctx, c.cc, method, msg, resp)
+	}
+	defer msg.Free()
+	return c.lookups.Invoke(ctx, method, msg.Bytes(), resp)
 }
 
 // BatchLookup is EncodeKeys and BatchLookupEncoded.
