@@ -49,12 +49,15 @@ type benchResult struct {
 	Workers    int    `json:"workers"`
 	Rounds     int    `json:"rounds"`
 	// Per round: GB/s (1e9 bytes a second) of object bytes, and the
-	// seconds one Lookup of the round's keys took.
-	StoreGBps     []float64 `json:"store_gbps"`
-	LoadGBps      []float64 `json:"load_gbps"`
-	LookupSeconds []float64 `json:"lookup_seconds"`
-	LookupHits    []int     `json:"lookup_hits"`
-	Verified      bool      `json:"verified"`
+	// seconds one Lookup of the round's keys took: lock-step (the
+	// default), and through grpc-go (Config.GRPCLookups), the first of
+	// the two in turn.
+	StoreGBps         []float64 `json:"store_gbps"`
+	LoadGBps          []float64 `json:"load_gbps"`
+	LookupSeconds     []float64 `json:"lookup_seconds"`
+	LookupGRPCSeconds []float64 `json:"lookup_grpc_seconds"`
+	LookupHits        []int     `json:"lookup_hits"`
+	Verified          bool      `json:"verified"`
 }
 
 func benchFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string) error {
@@ -117,7 +120,11 @@ func benchFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string
 		if err != nil {
 			return err
 		}
-		res, err := bench(ctx, e, c, rt, bc)
+		grpcRT, err := c.runtime(func(cfg *umbp.Config) { cfg.GRPCLookups = true })
+		if err != nil {
+			return err
+		}
+		res, err := bench(ctx, e, c, rt, grpcRT, bc)
 		if res != nil {
 			if *asJSON {
 				if jerr := printJSON(e, res); jerr != nil {
@@ -165,9 +172,10 @@ func (bc *benchConfig) validate() error {
 }
 
 // bench stores, looks up and loads bc.rounds rounds of new objects through
-// one worker handle and one scheduler handle. It returns what it measured
-// so far, with an error when a round failed.
-func bench(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntime, bc benchConfig) (res *benchResult, err error) {
+// one worker handle and one scheduler handle, and looks them up through a
+// scheduler handle of grpcRT too. It returns what it measured so far, with
+// an error when a round failed.
+func bench(ctx context.Context, e env, c *common, rt, grpcRT *umbp.StandaloneRuntime, bc benchConfig) (res *benchResult, err error) {
 	total := uint64(bc.objects) * bc.objectSize
 	chunk := bc.objectSize / uint64(bc.ranges)
 	src, err := umbp.NewHostBuffer(int(total))
@@ -198,7 +206,7 @@ func bench(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntime, bc
 	if err == nil {
 		var dstPlanner *umbp.LayoutPlanner
 		if dstPlanner, err = umbp.NewLayoutPlanner(layout(dst)); err == nil {
-			return benchWith(ctx, e, c, rt, bc, src, dst, srcPlanner, dstPlanner)
+			return benchWith(ctx, e, c, rt, grpcRT, bc, src, dst, srcPlanner, dstPlanner)
 		}
 	}
 	src.Close()
@@ -206,7 +214,7 @@ func bench(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntime, bc
 	return nil, err
 }
 
-func benchWith(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntime, bc benchConfig, src, dst *umbp.HostBuffer, srcPlanner, dstPlanner *umbp.LayoutPlanner) (res *benchResult, err error) {
+func benchWith(ctx context.Context, e env, c *common, rt, grpcRT *umbp.StandaloneRuntime, bc benchConfig, src, dst *umbp.HostBuffer, srcPlanner, dstPlanner *umbp.LayoutPlanner) (res *benchResult, err error) {
 	var tag [4]byte
 	_, _ = rand.Read(tag[:])
 	ns := "umbp-bench-" + hex.EncodeToString(tag[:])
@@ -233,6 +241,11 @@ func benchWith(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntime
 		return nil, err
 	}
 	defer sched.Close()
+	grpcSched, err := grpcRT.NewSchedulerHandle(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer grpcSched.Close()
 	codec, err := umbp.NewKeyCodec(ns, umbp.RankTopology{})
 	if err != nil {
 		return nil, err
@@ -242,7 +255,7 @@ func benchWith(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntime
 		Endpoint: rt.Endpoint(), Mode: caps.Mode, RangedIO: caps.RangedIO, Namespace: ns,
 		Objects: bc.objects, ObjectSize: bc.objectSize, Ranges: bc.ranges, Batch: bc.batch,
 		Workers: bc.workers, Rounds: bc.rounds, Verified: bc.verify,
-		StoreGBps: []float64{}, LoadGBps: []float64{}, LookupSeconds: []float64{}, LookupHits: []int{},
+		StoreGBps: []float64{}, LoadGBps: []float64{}, LookupSeconds: []float64{}, LookupGRPCSeconds: []float64{}, LookupHits: []int{},
 	}
 	roundBytes := uint64(bc.objects) * bc.objectSize
 	bar := newBar(e.stderr, bc.progress, int64(roundBytes)*2*int64(bc.rounds))
@@ -280,20 +293,28 @@ func benchWith(ctx context.Context, e env, c *common, rt *umbp.StandaloneRuntime
 		}
 		res.StoreGBps = append(res.StoreGBps, float64(roundBytes)/took.Seconds()/1e9)
 
-		before := sched.Stats()
-		start := time.Now()
-		hits := sched.Lookup(ctx, keys)
-		took = time.Since(start)
-		if err := answered(ctx, c, sched, before); err != nil {
-			return res, fmt.Errorf("round %d: lookup: %w", r+1, err)
-		}
 		held := 0
-		for _, h := range hits {
-			if h {
-				held++
+		for j := range 2 {
+			h, into, path := sched, &res.LookupSeconds, "lookup"
+			if (r+j)%2 == 1 {
+				h, into, path = grpcSched, &res.LookupGRPCSeconds, "lookup through grpc-go"
+			}
+			before := h.Stats()
+			start := time.Now()
+			hits := h.Lookup(ctx, keys)
+			took := time.Since(start)
+			if err := answered(ctx, c, h, before); err != nil {
+				return res, fmt.Errorf("round %d: %s: %w", r+1, path, err)
+			}
+			*into = append(*into, took.Seconds())
+			if h == sched {
+				for _, hit := range hits {
+					if hit {
+						held++
+					}
+				}
 			}
 		}
-		res.LookupSeconds = append(res.LookupSeconds, took.Seconds())
 		res.LookupHits = append(res.LookupHits, held)
 		if held < bc.objects {
 			// Every object was stored: the pool evicted some to make room
@@ -456,6 +477,9 @@ func printBench(w io.Writer, r *benchResult) {
 			asked += r.Objects
 		}
 		p("lookup", "%s, %d of %d keys held", spread(r.LookupSeconds, "", func(v float64) string { return dur(v).String() }), held, asked)
+	}
+	if len(r.LookupGRPCSeconds) > 0 {
+		p("  grpc-go", "%s, the same keys through grpc-go's call path (Config.GRPCLookups)", spread(r.LookupGRPCSeconds, "", func(v float64) string { return dur(v).String() }))
 	}
 	if len(r.LoadGBps) > 0 {
 		p("load", "%s", spread(r.LoadGBps, "GB/s", func(v float64) string { return fmt.Sprintf("%.2f", v) }))

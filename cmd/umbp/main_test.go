@@ -504,7 +504,7 @@ func TestBench(t *testing.T) {
 func TestBenchText(t *testing.T) {
 	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
 	stdout, _ := mustRun(t, exitOK, "", "bench", "-endpoint", srv.Endpoint(), "-objects", "2", "-object-size", "4KiB", "-rounds", "1", "-progress", "on")
-	mustContain(t, "bench", stdout, "objects   2 of 4 KiB, 1 range(s) each, jobs of 2", "store", "load", "2 of 2 keys held", "verified", "umbp-bench-")
+	mustContain(t, "bench", stdout, "objects   2 of 4 KiB, 1 range(s) each, jobs of 2", "store", "load", "2 of 2 keys held", "grpc-go", "verified", "umbp-bench-")
 	mustRun(t, exitUsage, "", "bench", "-endpoint", srv.Endpoint(), "-object-size", "10", "-ranges", "3")
 	mustRun(t, exitUsage, "", "bench", "-endpoint", srv.Endpoint(), "-objects", "0")
 	mustRun(t, exitUsage, "", "bench", "-endpoint", srv.Endpoint(), "-progress", "sometimes")

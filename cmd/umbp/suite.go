@@ -21,7 +21,10 @@ import (
 // by side on one server process:
 //
 //   - exists_{1,64,1024}_us: the median of existsReps lookups of that many
-//     keys, all held (1024 objects of 4 KiB stored first), after 10 unmeasured;
+//     keys, all held (1024 objects of 4 KiB stored first), after 10
+//     unmeasured; exists_{1,64,1024}_grpc_us the same through grpc-go's
+//     call path (Config.GRPCLookups), each lookup alternated with one of
+//     the lock-step call, so that both see the same machine;
 //   - put/get_64KiBx256_GBps, put/get_4MiBx64_GBps: the median of bwReps
 //     jobs of that many objects of one range each (the pool is cleared,
 //     unmeasured, before each store; the destination zeroed before each
@@ -47,8 +50,9 @@ type suiteLine struct {
 }
 
 // suite runs the standard workload on rt and writes each figure to out as
-// it is measured. The pool is cleared before and after.
-func suite(ctx context.Context, rt *umbp.StandaloneRuntime, sc suiteConfig, out func(suiteLine)) error {
+// it is measured; grpcRT, rt's server with Config.GRPCLookups, looks up
+// the same keys. The pool is cleared before and after.
+func suite(ctx context.Context, rt, grpcRT *umbp.StandaloneRuntime, sc suiteConfig, out func(suiteLine)) error {
 	scale := uint64(max(sc.scale, 1))
 	half := uint64(256<<20) / scale
 	sched, err := rt.NewSchedulerHandle(ctx)
@@ -56,6 +60,11 @@ func suite(ctx context.Context, rt *umbp.StandaloneRuntime, sc suiteConfig, out 
 		return err
 	}
 	defer sched.Close()
+	grpcSched, err := grpcRT.NewSchedulerHandle(ctx)
+	if err != nil {
+		return err
+	}
+	defer grpcSched.Close()
 	w, err := rt.NewWorkerHandle(ctx, nil)
 	if err != nil {
 		return err
@@ -110,19 +119,27 @@ func suite(ctx context.Context, rt *umbp.StandaloneRuntime, sc suiteConfig, out 
 		return err
 	}
 	for _, n := range []int{1, 64, 1024} {
-		var us []float64
+		var us, grpcUS []float64
 		for i := range sc.existsReps + 10 {
-			start := time.Now()
-			hits := sched.Lookup(ctx, keys[:n])
-			took := time.Since(start)
-			if slices.Contains(hits, false) {
-				return fmt.Errorf("exists_%d: a stored key missed (the server stalled or evicted it)", n)
-			}
-			if i >= 10 {
-				us = append(us, float64(took.Nanoseconds())/1e3)
+			// One lookup each way, the first of the pair in turn.
+			for j := range 2 {
+				h, into := sched, &us
+				if (i+j)%2 == 1 {
+					h, into = grpcSched, &grpcUS
+				}
+				start := time.Now()
+				hits := h.Lookup(ctx, keys[:n])
+				took := time.Since(start)
+				if slices.Contains(hits, false) {
+					return fmt.Errorf("exists_%d: a stored key missed (the server stalled or evicted it)", n)
+				}
+				if i >= 10 {
+					*into = append(*into, float64(took.Nanoseconds())/1e3)
+				}
 			}
 		}
 		out(suiteLine{fmt.Sprintf("exists_%d_us", n), median(us)})
+		out(suiteLine{fmt.Sprintf("exists_%d_grpc_us", n), median(grpcUS)})
 	}
 
 	// Bandwidth: store bwReps times (new keys each), then load as often.
@@ -217,8 +234,12 @@ func runSuite(ctx context.Context, e env, c *common, sc suiteConfig, asJSON bool
 	if err != nil {
 		return err
 	}
+	grpcRT, err := c.runtime(func(cfg *umbp.Config) { cfg.GRPCLookups = true })
+	if err != nil {
+		return err
+	}
 	var lines []suiteLine
-	err = suite(ctx, rt, sc, func(l suiteLine) {
+	err = suite(ctx, rt, grpcRT, sc, func(l suiteLine) {
 		if asJSON {
 			lines = append(lines, l)
 		} else {

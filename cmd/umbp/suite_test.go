@@ -10,11 +10,13 @@ import (
 	"github.com/umbp-go/umbp-go/umbp/umbptest"
 )
 
-// The suite prints umbp_bench's figures, in its order, on servers with and
-// without ranged I/O (scaled down: the standard one moves 512 MiB).
+// The suite prints umbp_bench's figures, in its order, each lookup figure
+// followed by its grpc-go twin, on servers with and without ranged I/O
+// (scaled down: the standard one moves 512 MiB).
 func TestSuite(t *testing.T) {
 	want := []string{
-		"exists_1_us", "exists_64_us", "exists_1024_us",
+		"exists_1_us", "exists_1_grpc_us", "exists_64_us", "exists_64_grpc_us",
+		"exists_1024_us", "exists_1024_grpc_us",
 		"put_64KiBx256_GBps", "get_64KiBx256_GBps",
 		"put_4MiBx64_GBps", "get_4MiBx64_GBps",
 		"put_ranges_256x32x2KiB_GBps", "get_ranges_256x32x2KiB_GBps",
@@ -22,13 +24,19 @@ func TestSuite(t *testing.T) {
 	}
 	for _, opts := range []umbptest.Options{{}, {Version: 1}} {
 		srv := umbptest.NewServer(t, opts)
-		rt, err := umbp.NewStandaloneRuntime(umbp.Config{Endpoint: srv.Endpoint(), Logger: slog.New(slog.DiscardHandler)})
+		cfg := umbp.Config{Endpoint: srv.Endpoint(), Logger: slog.New(slog.DiscardHandler)}
+		rt, err := umbp.NewStandaloneRuntime(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.GRPCLookups = true
+		grpcRT, err := umbp.NewStandaloneRuntime(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		var out bytes.Buffer
 		var got []string
-		err = suite(t.Context(), rt, suiteConfig{existsReps: 2, bwReps: 2, scale: 64}, func(l suiteLine) {
+		err = suite(t.Context(), rt, grpcRT, suiteConfig{existsReps: 2, bwReps: 2, scale: 64}, func(l suiteLine) {
 			got = append(got, l.Name)
 			if l.Name != "verify ok" && l.Value <= 0 {
 				t.Errorf("version %d: %s = %v", opts.Version, l.Name, l.Value)
