@@ -41,31 +41,41 @@ func benchServer(b *testing.B, capacity uint64) *server.Server {
 }
 
 // lookupBench starts the Go server with 512 objects stored under
-// "<prefix>-<id>", and returns a scheduler handle and a bare generated stub
-// on it, and the n keys a lookup asks: ids 0, 513, 2, 515, …, half of them
-// stored.
-func lookupBench(b *testing.B, prefix string) (*umbp.SchedulerHandle, umbppb.UMBPStandaloneClient, func(n int) []string) {
+// "<prefix>-<id>", and returns two scheduler handles on it, lookups
+// lock-step (h) and through grpc-go (hg, Config.GRPCLookups), a bare
+// generated stub, and the n keys a lookup asks: ids 0, 513, 2, 515, …, half
+// of them stored.
+func lookupBench(b *testing.B, prefix string) (h, hg *umbp.SchedulerHandle, stub umbppb.UMBPStandaloneClient, keysOf func(n int) []string) {
 	srv := benchServer(b, 256<<20)
 	cfg := testConfig(b, srv.Endpoint())
 	cfg.LookupTimeout = 10 * time.Second
+	cfg.GRPCLookups = false
 	rt := newRuntime(b, cfg)
+	cfg.GRPCLookups = true
+	grt := newRuntime(b, cfg)
 	ctx := context.Background()
 	e := newEngine(b, rt, 1, 512, 4096)
 	job := e.w.Store(e.plans(b, prefix, ids(512)...))
 	if err := e.w.Wait(ctx, job); err != nil || job.Status() != umbp.JobCompleted {
 		b.Fatalf("seed: %v %s", err, job.Err())
 	}
-	h, err := rt.NewSchedulerHandle(ctx)
-	if err != nil {
-		b.Fatal(err)
+	for _, p := range []struct {
+		rt *umbp.StandaloneRuntime
+		h  **umbp.SchedulerHandle
+	}{{rt, &h}, {grt, &hg}} {
+		s, err := p.rt.NewSchedulerHandle(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { s.Close() })
+		*p.h = s
 	}
-	b.Cleanup(func() { h.Close() })
 	cc, err := grpc.NewClient(srv.Endpoint(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { cc.Close() })
-	keys := func(n int) []string {
+	keysOf = func(n int) []string {
 		keys := make([]string, n)
 		for i := range keys {
 			keys[i] = fmt.Sprintf("%s-%d", prefix, i) // ids >= 512 are misses
@@ -75,24 +85,29 @@ func lookupBench(b *testing.B, prefix string) (*umbp.SchedulerHandle, umbppb.UMB
 		}
 		return keys
 	}
-	return h, umbppb.NewUMBPStandaloneClient(cc), keys
+	return h, hg, umbppb.NewUMBPStandaloneClient(cc), keysOf
 }
 
-// BenchmarkLookup compares SchedulerHandle.Lookup with the same BatchExists
-// made directly on the generated stub, for 1, 64 and 1024 keys, half of
-// them stored.
+// BenchmarkLookup compares SchedulerHandle.Lookup, lock-step (handle) and
+// through grpc-go (handle-grpc), with the same BatchExists made directly on
+// the generated stub, for 1, 64 and 1024 keys, half of them stored.
 func BenchmarkLookup(b *testing.B) {
-	h, stub, keysOf := lookupBench(b, "lookup")
+	h, hg, stub, keysOf := lookupBench(b, "lookup")
 	ctx := context.Background()
 	for _, n := range []int{1, 64, 1024} {
 		keys := keysOf(n)
-		b.Run(fmt.Sprintf("keys=%d/handle", n), func(b *testing.B) {
-			for b.Loop() {
-				if got := h.Lookup(ctx, keys); !got[0] {
-					b.Fatal("miss")
+		for _, c := range []struct {
+			name string
+			h    *umbp.SchedulerHandle
+		}{{"handle", h}, {"handle-grpc", hg}} {
+			b.Run(fmt.Sprintf("keys=%d/%s", n, c.name), func(b *testing.B) {
+				for b.Loop() {
+					if got := c.h.Lookup(ctx, keys); !got[0] {
+						b.Fatal("miss")
+					}
 				}
-			}
-		})
+			})
+		}
 		b.Run(fmt.Sprintf("keys=%d/stub", n), func(b *testing.B) {
 			for b.Loop() {
 				resp, err := stub.BatchExists(ctx, &umbppb.BatchKeysRequest{Keys: keys})
