@@ -233,6 +233,9 @@ func BenchmarkJobOverhead(b *testing.B) {
 	ctx := context.Background()
 	for _, what := range []string{"store", "load"} {
 		b.Run(what, func(b *testing.B) {
+			if err := e.w.Wait(ctx, e.w.Store(plans)); err != nil {
+				b.Fatal(err) // what is loaded, and stored again
+			}
 			for b.Loop() {
 				var job *umbp.TransferJob
 				if what == "store" {

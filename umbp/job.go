@@ -635,13 +635,6 @@ func (j *TransferJob) bytesLocked() (bytes uint64) {
 	return bytes
 }
 
-// hasOutcome reports whether plan i has an outcome.
-func (j *TransferJob) hasOutcome(i int) bool {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return j.has[i]
-}
-
 // state returns the job's phase and deadline (zero before it started).
 func (j *TransferJob) state() (phase, time.Time) {
 	j.mu.Lock()

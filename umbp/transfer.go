@@ -119,7 +119,7 @@ func (t *jobRunner) submit(kind jobKind, plans []BlockTransferPlan, opts []Trans
 		t.tr = newTransport(c, t.staging)
 	}
 	tr := t.tr
-	items, slab := t.resolve(job, tr.ranged(), planned)
+	items, slab := t.resolve(job, bad, tr.ranged(), planned)
 	if len(items) == 0 {
 		if drop != nil {
 			drop()
@@ -148,12 +148,13 @@ func (t *jobRunner) refuseBlocked(job *TransferJob, n int64) {
 }
 
 // resolve checks each plan, once, and maps its ranges into registered
-// regions, under the regions' lock: a plan that fails gets its outcome
-// now; the rest are returned as items, whose ranges lie in one slab taken
+// regions, under the regions' lock: a plan that failed in planning (bad[i]
+// not nil) is skipped, one that fails here gets its outcome now; the rest
+// are returned as items, whose ranges lie in one slab taken
 // from rangeSlabs. A plan the layout planner made is valid by
 // construction; the connection sends the items as they are, without
 // checking them again.
-func (t *jobRunner) resolve(job *TransferJob, ranged, planned bool) ([]item, []conn.Range) {
+func (t *jobRunner) resolve(job *TransferJob, bad []error, ranged, planned bool) ([]item, []conn.Range) {
 	t.regions.mu.Lock()
 	defer t.regions.mu.Unlock()
 	items := make([]item, 0, len(job.plans))
@@ -167,7 +168,7 @@ func (t *jobRunner) resolve(job *TransferJob, ranged, planned bool) ([]item, []c
 	var last *memRegion
 	for i := range job.plans {
 		p := &job.plans[i]
-		if job.hasOutcome(i) { // failed in planning
+		if bad != nil && bad[i] != nil {
 			continue
 		}
 		if !planned {
@@ -176,11 +177,15 @@ func (t *jobRunner) resolve(job *TransferJob, ranged, planned bool) ([]item, []c
 				continue
 			}
 		}
+		// The item is written in place; one refused is taken back.
 		nr := len(p.Ranges)
-		obj := conn.Object{Key: p.Key, Size: p.ObjectSize(), Ranges: slab[:nr:nr]}
+		items = append(items, item{idx: i})
+		it := &items[len(items)-1]
+		obj := &it.obj
+		*obj = conn.Object{Key: p.Key, Size: p.ObjectSize(), Ranges: slab[:nr:nr]}
 		job.sizes[i] = obj.Size
 		slab = slab[nr:]
-		var bad error
+		var refused error
 		host := true
 		for k, r := range p.Ranges {
 			reg := last // a plan's ranges mostly lie in the region of the one before
@@ -189,7 +194,7 @@ func (t *jobRunner) resolve(job *TransferJob, ranged, planned bool) ([]item, []c
 				last = reg
 			}
 			if reg == nil {
-				bad = fmt.Errorf("%w: key %q range %d (%d bytes at %#x, layer %q) lies outside registered memory",
+				refused = fmt.Errorf("%w: key %q range %d (%d bytes at %#x, layer %q) lies outside registered memory",
 					ErrInvalidPlan, p.Key, k, r.Length, r.BaseAddress, r.LayerName)
 				break
 			}
@@ -201,18 +206,19 @@ func (t *jobRunner) resolve(job *TransferJob, ranged, planned bool) ([]item, []c
 				ObjectOffset: r.ObjectOffset,
 			}
 		}
-		if bad == nil {
+		if refused == nil {
 			obj.Ranges = coalesce(obj.Ranges)
 		}
 		single := len(obj.Ranges) == 1
-		if bad == nil && !ranged && !single && !host {
-			bad = fmt.Errorf("key %q: %d ranges in GPU memory need a server with ranged I/O: %w", p.Key, len(p.Ranges), ErrNotSupported)
+		if refused == nil && !ranged && !single && !host {
+			refused = fmt.Errorf("key %q: %d ranges in GPU memory need a server with ranged I/O: %w", p.Key, len(p.Ranges), ErrNotSupported)
 		}
-		if bad != nil {
-			job.setOutcome(i, notAttempted(bad))
+		if refused != nil {
+			items = items[:len(items)-1]
+			job.setOutcome(i, notAttempted(refused))
 			continue
 		}
-		items = append(items, item{idx: i, obj: obj, single: single, host: host})
+		it.single, it.host = single, host
 	}
 	return items, all
 }
