@@ -57,14 +57,16 @@
 //	                     topology or buffer, refused before any I/O
 //
 // Every error a function or method returns is an [*OpError]: the
-// operation, the server it asked, and what happened ("umbp: store at
+// operation, the server it asked, and what happened ("umbp: load at
 // unix:///run/umbp/node0.grpc.sock: 1 of 4 keys failed: not in the pool:
 // ..."). errors.As gives the operation and the server; errors.Is matches
 // the sentinels below what happened.
 //
 // [TransferJob.Err] joins a failed job's distinct key errors, each matched
-// by errors.Is and errors.As (its text spells out the first three and counts
-// the rest); [TransferJob.KeyErr] gives one key's. A
+// by errors.Is and errors.As. Its text says the misses (or a store's
+// refusals) as one, naming their first three keys, spells out the first
+// three kinds of failure and counts the rest; [TransferJob.KeyErr] gives
+// one key's. A
 // not-attempted key's text starts with "transfer not attempted", as vLLM's
 // runtime prints it.
 //

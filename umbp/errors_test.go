@@ -296,19 +296,19 @@ func TestJobErrorText(t *testing.T) {
 	job = e.w.Load(plans)
 	waitJob(t, e.w, job)
 	msg := job.Err().Error()
-	for _, want := range []string{"umbp: load" + at + "3 of 3 keys failed: ", `1 key: not in the pool: key "absent-1"`, "1 key: transfer not attempted"} {
-		if !strings.Contains(msg, want) {
-			t.Errorf("%q lacks %q", msg, want)
-		}
+	// The misses read as one group, the other error on its own.
+	want := "umbp: load" + at + `3 of 3 keys failed: 2 keys: not in the pool: keys "absent-0", "absent-1" (or stored with other sizes); 1 key: transfer not attempted: invalid transfer plan: key "bad-2"`
+	if !strings.HasPrefix(msg, want) {
+		t.Errorf("a miss of two keys and a bad plan:\n got %q\nwant %q…", msg, want)
 	}
-	// Many distinct errors: the first few are spelled out, the rest
-	// counted; each is still matched and kept.
+	// Many misses: the first few keys are named, the rest counted; each
+	// error is still matched and kept.
 	job = e.w.Load(e.plans(t, "absent", 0, 1, 2, 3))
 	waitJob(t, e.w, job)
 	msg = job.Err().Error()
-	want := `umbp: load` + at + `4 of 4 keys failed: 1 key: not in the pool: key "absent-0"`
-	if !strings.HasPrefix(msg, want) || !strings.HasSuffix(msg, "; and 1 more key (1 other error)") || strings.Contains(msg, `"absent-3"`) {
-		t.Errorf("four missing keys: %q", msg)
+	want = `umbp: load` + at + `4 of 4 keys failed: not in the pool: keys "absent-0", "absent-1", "absent-2" and 1 more (or stored with other sizes)`
+	if msg != want {
+		t.Errorf("four missing keys:\n got %q\nwant %q", msg, want)
 	}
 	var oe *umbp.OpError
 	if !errors.As(job.Err(), &oe) || oe.Op != "load" || oe.Addr != srv.Endpoint() {
@@ -318,6 +318,19 @@ func TestJobErrorText(t *testing.T) {
 	}
 	if !errors.Is(job.KeyErr(3), umbp.ErrNotInPool) || !strings.Contains(job.KeyErr(3).Error(), `"absent-3"`) {
 		t.Errorf("KeyErr(3) = %v", job.KeyErr(3))
+	}
+	// Many distinct errors: the first few are spelled out, the rest
+	// counted.
+	plans = append(e.plans(t, "bad", 0, 1, 2), e.plans(t, "absent", 3)...)
+	for i := range 3 {
+		plans[i].Ranges[0].BaseAddress = 0x1000
+	}
+	job = e.w.Load(plans)
+	waitJob(t, e.w, job)
+	msg = job.Err().Error()
+	want = `umbp: load` + at + `4 of 4 keys failed: 1 key: transfer not attempted: invalid transfer plan: key "bad-0"`
+	if !strings.HasPrefix(msg, want) || !strings.HasSuffix(msg, "; and 1 more key (1 other error)") || strings.Contains(msg, `"absent-3"`) {
+		t.Errorf("four distinct errors: %q", msg)
 	}
 	// One error for every key: said once, without a count.
 	if err := e.w.Close(); err != nil {

@@ -3,6 +3,7 @@ package umbp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -226,5 +227,28 @@ func TestEndedJobHoldsNothingUp(t *testing.T) {
 	fin()
 	if n := set.blocked.Load(); n != 0 {
 		t.Fatalf("blocked %d after the job's bookkeeping, want 0", n)
+	}
+}
+
+// A job's error groups key faults by cause, naming the first keys; any
+// other error is said once per distinct text; every error stays matched.
+func TestJobErrorGroups(t *testing.T) {
+	refused := func(k string) error { return &keyFault{cause: ErrRefused, key: k, size: 64} }
+	other := fmt.Errorf("%w: connection reset", ErrUnavailable)
+	errs := []error{refused("a"), nil, other, refused("b"), other, refused("c"), refused("d"), refused("e")}
+	e := newJobError(len(errs), errs)
+	want := `7 of 8 keys failed: 5 keys: refused by the server: keys "a", "b", "c" and 2 more: the pool could not take them (full, or smaller than the objects); 2 keys: server unavailable: connection reset`
+	if got := e.Error(); got != want {
+		t.Errorf("\n got %q\nwant %q", got, want)
+	}
+	if n := len(e.Unwrap()); n != 6 {
+		t.Errorf("Unwrap has %d errors, want the 6 distinct ones", n)
+	}
+	if !errors.Is(e, ErrRefused) || !errors.Is(e, ErrUnavailable) {
+		t.Error("the job's error does not match its causes")
+	}
+	one := newJobError(2, []error{nil, refused("x")})
+	if got, want := one.Error(), `1 of 2 keys failed: refused by the server: store of key "x" (64 bytes): the pool could not take it (full, or smaller than the object)`; got != want {
+		t.Errorf("\n got %q\nwant %q", got, want)
 	}
 }

@@ -326,9 +326,9 @@ func keyError(kind jobKind, obj *conn.Object, ok bool, reqErr, lost error) error
 	case lost != nil:
 		return lost
 	case kind == kindLoad:
-		return fmt.Errorf("%w: key %q (%d bytes; or stored with another size)", ErrNotInPool, obj.Key, obj.Size)
+		return &keyFault{cause: ErrNotInPool, key: obj.Key, size: obj.Size}
 	}
-	return fmt.Errorf("%w: store of key %q (%d bytes): the pool could not take it (full, or smaller than the object)", ErrRefused, obj.Key, obj.Size)
+	return &keyFault{cause: ErrRefused, key: obj.Key, size: obj.Size}
 }
 
 // retryStores retries each refused key on its own, after a Flush and a
