@@ -2,16 +2,11 @@ package h2call
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -20,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/umbp-go/umbp-go/internal/testcert"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
@@ -374,7 +371,7 @@ func TestConformanceMaster(t *testing.T) {
 		compare(t, c, stub(t, addr), masterCalls(held))
 	})
 	t.Run("TLS", func(t *testing.T) {
-		cert, pool := selfSigned(t)
+		cert, pool := testcert.New(t)
 		addr := masterDouble(t, held, &cert)
 		creds := credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
 		c := lockstep(t, Options{Dial: tcpDial(addr), Authority: addr, Creds: creds})
@@ -397,32 +394,6 @@ func TestConformanceMaster(t *testing.T) {
 		err = plain.Invoke(context.Background(), umbppb.UMBPMaster_BatchLookup_FullMethodName, nil, new(umbppb.BatchLookupResponse))
 		wantCode(t, err, codes.Unavailable, "")
 	})
-}
-
-// selfSigned returns a certificate for 127.0.0.1 and a pool that trusts it.
-func selfSigned(t testing.TB) (tls.Certificate, *x509.CertPool) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "master"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, BasicConstraintsValid: true, IsCA: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pool
 }
 
 // closeNotifier is a listener whose connections report their closing.
@@ -467,7 +438,7 @@ func (c *notifyConn) Close() error {
 func TestServerClosesIdleConnection(t *testing.T) {
 	defer func(d time.Duration) { idlePeek = d }(idlePeek)
 	idlePeek = 0
-	cert, pool := selfSigned(t)
+	cert, pool := testcert.New(t)
 	for _, secure := range []bool{false, true} {
 		t.Run(fmt.Sprintf("TLS=%v", secure), func(t *testing.T) {
 			sock := filepath.Join(shortDir(t), "m.sock")

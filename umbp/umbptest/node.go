@@ -320,25 +320,24 @@ func (n *Node) change(ctx context.Context, kind umbppb.KvEvent_Kind, tier Tier, 
 // (ReportExternalKvBlocks), for MatchExternalKv. A master that does not
 // count the node alive drops the report without an error, as MORI's does.
 func (n *Node) Report(ctx context.Context, tier Tier, hashes ...string) error {
-	if err := tier.check(); err != nil {
-		return n.errorf("%w", err)
-	}
-	if err := n.closed(); err != nil {
+	return n.externalKV("report", tier, hashes, func(h []string, t umbppb.TierType) error {
+		_, err := n.c.ReportExternalKvBlocks(ctx, &umbppb.ReportExternalKvBlocksRequest{NodeId: n.id, Hashes: h, Tier: t}, grpc.WaitForReady(true))
 		return err
-	}
-	if len(hashes) == 0 {
-		return nil
-	}
-	_, err := n.c.ReportExternalKvBlocks(ctx, &umbppb.ReportExternalKvBlocksRequest{NodeId: n.id, Hashes: hashes, Tier: umbppb.TierType(tier)}, grpc.WaitForReady(true))
-	if err != nil {
-		return n.errorf("report external KV: %w", err)
-	}
-	return nil
+	})
 }
 
 // Revoke withdraws blocks the node reported on tier
 // (RevokeExternalKvBlocks).
 func (n *Node) Revoke(ctx context.Context, tier Tier, hashes ...string) error {
+	return n.externalKV("revoke", tier, hashes, func(h []string, t umbppb.TierType) error {
+		_, err := n.c.RevokeExternalKvBlocks(ctx, &umbppb.RevokeExternalKvBlocksRequest{NodeId: n.id, Hashes: h, Tier: t}, grpc.WaitForReady(true))
+		return err
+	})
+}
+
+// externalKV checks a Report or Revoke of hashes on tier and makes its
+// call.
+func (n *Node) externalKV(what string, tier Tier, hashes []string, call func([]string, umbppb.TierType) error) error {
 	if err := tier.check(); err != nil {
 		return n.errorf("%w", err)
 	}
@@ -348,9 +347,8 @@ func (n *Node) Revoke(ctx context.Context, tier Tier, hashes ...string) error {
 	if len(hashes) == 0 {
 		return nil
 	}
-	_, err := n.c.RevokeExternalKvBlocks(ctx, &umbppb.RevokeExternalKvBlocksRequest{NodeId: n.id, Hashes: hashes, Tier: umbppb.TierType(tier)}, grpc.WaitForReady(true))
-	if err != nil {
-		return n.errorf("revoke external KV: %w", err)
+	if err := call(hashes, umbppb.TierType(tier)); err != nil {
+		return n.errorf("%s external KV: %w", what, err)
 	}
 	return nil
 }
