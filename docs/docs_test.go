@@ -1,9 +1,10 @@
 // Package docs checks that the documents say what the code does: every
 // output the README and docs/ quote is produced again (the quoted commands
 // run, or the library called) and compared, and every figure that restates
-// a constant or a flag's default is compared with it. A document or a
-// quote more is one line of quotes or figures below (a new kind of output,
-// a scenario in scenarios_test.go).
+// a constant or a flag's default is compared with it, and every name a Go
+// snippet takes from the module's packages exists (snippets_test.go). A
+// document or a quote more is one line of quotes or figures below (a new
+// kind of output, a scenario in scenarios_test.go).
 package docs
 
 import (
