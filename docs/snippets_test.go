@@ -286,7 +286,6 @@ func assign(toks []tok, i int, typ string, vars map[string]string) {
 	}
 }
 
-
 // The check sees each kind of drift it claims to see.
 func TestCheckSnippetCatches(t *testing.T) {
 	apis := map[string]*api{}
