@@ -199,9 +199,8 @@ func checkSnippet(apis map[string]*api, snippet string) []snippetProblem {
 	}
 	// literal checks the keyed fields of the composite literal of typ
 	// whose opening brace is toks[open], elements one level down when
-	// elems; it returns the index past its closing brace.
-	var literal func(open int, typ string, elems bool) int
-	literal = func(open int, typ string, elems bool) int {
+	// elems.
+	literal := func(open int, typ string, elems bool) {
 		want := 1
 		if elems {
 			want = 2
@@ -214,7 +213,7 @@ func checkSnippet(apis map[string]*api, snippet string) []snippetProblem {
 			case token.RBRACE:
 				depth--
 				if depth == 0 {
-					return i + 1
+					return
 				}
 			case token.COLON:
 				if depth == want && ident(i-1) != "" && (is(i-2, token.LBRACE) || is(i-2, token.COMMA)) {
@@ -224,7 +223,6 @@ func checkSnippet(apis map[string]*api, snippet string) []snippetProblem {
 				}
 			}
 		}
-		return len(toks)
 	}
 	for i := 0; i < len(toks); i++ {
 		name := ident(i)
