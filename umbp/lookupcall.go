@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/umbp-go/umbp-go/internal/daemonpool"
@@ -18,6 +19,13 @@ import (
 // flight and holds later calls off (they fail at once) until it returns, so
 // a stalled server costs a few goroutines, never a queue of them, and never
 // a caller's time.
+//
+// Lookups made lock-step (lookupSource.inline) run on the caller's own
+// goroutine instead, with no hand-off either way: the call ends when its
+// context does, its connection interrupted, so LookupTimeout bounds it as
+// surely. One that overran leaves a probe in flight on a detached
+// goroutine (the same question, of no key), which holds later calls off
+// until the server answers it, as a call that overran does.
 
 // lookupBackend is what a scheduler handle asks: a standalone server
 // through its link (standaloneBackend), or MORI's master (masterBackend).
@@ -52,6 +60,13 @@ type lookupSource interface {
 	match(ctx context.Context, hashes []string) ([]masterconn.NodeMatch, error)
 	clear(ctx context.Context) (bool, error)
 	ping(ctx context.Context) (ServerCapabilities, error)
+	// inline reports whether exists and prefix end when their context
+	// does (lock-step calls, their connection interrupted), so that the
+	// caller may make them on its own goroutine.
+	inline() bool
+	// askAgain asks what exists (prefix, when prefix) asks, of no key,
+	// and returns once the server answers, the call fails or ctx ends.
+	askAgain(ctx context.Context, prefix bool) error
 }
 
 var (
@@ -74,7 +89,11 @@ type caller struct {
 	// gets a new pool, so that no call queues behind one stuck on the old.
 	calls      *daemonpool.Pool
 	unanswered <-chan struct{} // the Done channel of a call that overran
-	closed     bool
+	// probing: unanswered is a lock-step call's probe, which closing the
+	// connection ends (a gRPC call stuck in the server may hold the close).
+	probing bool
+	closed  bool
+	done    chan struct{} // closed by close
 }
 
 func newCaller(b lookupBackend, timeout time.Duration) (*caller, error) {
@@ -82,7 +101,7 @@ func newCaller(b lookupBackend, timeout time.Duration) (*caller, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &caller{backend: b, timeout: timeout, calls: p}, nil
+	return &caller{backend: b, timeout: timeout, calls: p, done: make(chan struct{})}, nil
 }
 
 // newLookupPool is the detached goroutines that the calls to one
@@ -92,8 +111,10 @@ func newLookupPool() (*daemonpool.Pool, error) {
 }
 
 // call runs fn on one of c's detached goroutines and waits for it at most
-// c's timeout or until ctx ends; what names the call in its errors.
-func call[T any](ctx context.Context, c *caller, what string, fn func(context.Context, lookupSource) (T, error)) (T, error) {
+// c's timeout or until ctx ends; what names the call in its errors. A
+// lookup (probe not nil) on a source whose lookups are lock-step runs on
+// the caller's goroutine instead (callInline).
+func call[T any](ctx context.Context, c *caller, what string, probe func(context.Context, lookupSource) error, fn func(context.Context, lookupSource) (T, error)) (T, error) {
 	var zero T
 	c.mu.Lock()
 	if c.closed {
@@ -116,6 +137,10 @@ func call[T any](ctx context.Context, c *caller, what string, fn func(context.Co
 			c.mu.Unlock()
 			return zero, errUnanswered
 		}
+	}
+	if probe != nil && src.inline() {
+		c.mu.Unlock()
+		return callInline(ctx, c, what, src, probe, fn)
 	}
 	pool := c.calls
 	// The RPC itself carries no deadline: a deadline costs a timer on
@@ -145,7 +170,7 @@ func call[T any](ctx context.Context, c *caller, what string, fn func(context.Co
 		// A call on a pool replaced meanwhile holds up nothing: its
 		// connection is closed.
 		if c.calls == pool && (c.unanswered == nil || isDone(c.unanswered)) {
-			c.unanswered = f.Done()
+			c.unanswered, c.probing = f.Done(), false
 		}
 		c.mu.Unlock()
 	}
@@ -153,6 +178,86 @@ func call[T any](ctx context.Context, c *caller, what string, fn func(context.Co
 		return zero, fmt.Errorf("%s: %w", what, err)
 	}
 	return zero, fmt.Errorf("%s: %w within %v: %w", what, errNoReply, c.timeout, context.DeadlineExceeded)
+}
+
+// probeExists and probePrefix are the probes of Lookup and LookupPrefix.
+func probeExists(ctx context.Context, src lookupSource) error { return src.askAgain(ctx, false) }
+func probePrefix(ctx context.Context, src lookupSource) error { return src.askAgain(ctx, true) }
+
+// callInline runs fn on the caller's goroutine, ended when c's timeout
+// passes or ctx ends. One that overran leaves probe in flight (overran).
+func callInline[T any](ctx context.Context, c *caller, what string, src lookupSource, probe func(context.Context, lookupSource) error, fn func(context.Context, lookupSource) (T, error)) (T, error) {
+	var zero T
+	// A timer that cancels, rather than a deadline: a deadline would
+	// travel to the server (grpc-timeout), which would then keep a timer
+	// of its own for every call.
+	cctx, cancel := context.WithCancel(ctx)
+	var expired atomic.Bool
+	t := time.AfterFunc(c.timeout, func() {
+		expired.Store(true)
+		cancel()
+	})
+	v, err := fn(cctx, src)
+	t.Stop()
+	cancel()
+	switch {
+	case err == nil:
+		return v, nil
+	case ctx.Err() != nil:
+		// Ended unanswered, as one that overran: the server may be
+		// stalled.
+		c.overran(src, probe)
+		return zero, fmt.Errorf("%s: %w", what, ctx.Err())
+	case expired.Load():
+		c.overran(src, probe)
+		return zero, fmt.Errorf("%s: %w within %v: %w", what, errNoReply, c.timeout, context.DeadlineExceeded)
+	}
+	return zero, err
+}
+
+// overran holds later calls off after a lock-step call to src overran:
+// probe asks src again on a detached goroutine, with no bound, until the
+// server answers it or src is no longer the connection calls go to (the
+// call then ends with it). A probe already in flight does for both.
+func (c *caller) overran(src lookupSource, probe func(context.Context, lookupSource) error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || (c.unanswered != nil && !isDone(c.unanswered)) {
+		return
+	}
+	if now, err := c.backend.session(); err != nil || now != src {
+		return // replaced, or reconnecting: nothing to hold off
+	}
+	pool := c.calls
+	f, err := daemonpool.Submit(pool, func() (struct{}, error) {
+		for pause := time.Duration(0); ; {
+			err := probe(context.Background(), src)
+			if err == nil || c.gone(src) {
+				return struct{}{}, err
+			}
+			// Failed (the server refused the connection, a dial that
+			// timed out): ask again, paced, while src is the connection.
+			pause = probeRedial.Next(pause)
+			t := time.NewTimer(pause)
+			select {
+			case <-t.C:
+			case <-c.done:
+				t.Stop()
+				return struct{}{}, ErrClosed
+			}
+		}
+	})
+	if err == nil {
+		c.unanswered, c.probing = f.Done(), true
+	}
+}
+
+// gone reports whether calls no longer go to src.
+func (c *caller) gone(src lookupSource) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now, err := c.backend.session()
+	return c.closed || err != nil || now != src
 }
 
 // reset gives the calls to a new connection new goroutines: a call stuck
@@ -185,8 +290,11 @@ func (c *caller) close() (stuck <-chan struct{}, first bool) {
 		return nil, false
 	}
 	c.closed = true
+	close(c.done)
 	calls := c.calls
-	stuck = c.unanswered
+	if !c.probing {
+		stuck = c.unanswered
+	}
 	c.mu.Unlock()
 	calls.Shutdown()
 	if stuck != nil && isDone(stuck) {

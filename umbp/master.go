@@ -33,6 +33,7 @@ type masterBackend struct {
 	masters    string // the replicas' addresses, for logs
 	rpcTimeout time.Duration
 	hedgeDelay time.Duration
+	lockStep   bool // BatchLookup is lock-step (not ClusterConfig.GRPCLookups)
 	log        *slog.Logger
 	budget     hedgeBudget
 	storeWarn  logLimiter
@@ -82,6 +83,7 @@ func newMasterBackend(ctx context.Context, cfg ClusterConfig) (*masterBackend, e
 		masters:    strings.Join(cfg.Masters, ","),
 		rpcTimeout: cfg.Timeout,
 		hedgeDelay: cfg.HedgeDelay,
+		lockStep:   !cfg.GRPCLookups,
 		log:        cfg.Logger,
 		kick:       make(chan struct{}, 1),
 	}
@@ -270,7 +272,7 @@ func (b *masterBackend) probe(ctx context.Context) {
 			}
 			wg.Go(func() {
 				pctx, cancel := context.WithTimeout(ctx, probeTimeout)
-				err := r.c.Probe(pctx, false)
+				err := r.c.ProbeLookup(pctx)
 				cancel()
 				if err == nil && r.aside.CompareAndSwap(true, false) {
 					b.log.Debug("UMBP master replica answers again", "replica", r.addr)
@@ -309,8 +311,10 @@ func (b *masterBackend) pick(tried []bool) *replica {
 //
 // start, on the caller's goroutine, makes what runs the call on one
 // replica (it may take what the call sends, such as a share of encoded
-// bytes); what it makes runs on a goroutine of its own.
-func ask[T any](ctx context.Context, b *masterBackend, start func(*replica) func(context.Context) (T, error)) (T, error) {
+// bytes); what it makes runs on a goroutine of its own, but the first
+// attempt, when inline, on the caller's: a hedge is then launched by a
+// timer, and one that answers first ends the caller's attempt.
+func ask[T any](ctx context.Context, b *masterBackend, inline bool, start func(*replica) func(context.Context) (T, error)) (T, error) {
 	var zero T
 	type answer struct {
 		r     *replica
@@ -323,10 +327,11 @@ func ask[T any](ctx context.Context, b *masterBackend, start func(*replica) func
 	answers := make(chan answer, len(b.replicas))
 	tried := make([]bool, len(b.replicas))    // asked
 	answered := make([]bool, len(b.replicas)) // asked, and answered or failed
-	launch := func(hedge bool) bool {
+	// pick chooses the next replica to ask and counts the attempt.
+	pick := func(hedge bool) *replica {
 		r := b.pick(tried)
 		if r == nil {
-			return false
+			return nil
 		}
 		tried[r.idx] = true
 		r.inflight.Add(1)
@@ -334,30 +339,83 @@ func ask[T any](ctx context.Context, b *masterBackend, start func(*replica) func
 		if hedge {
 			r.hedges.Add(1)
 		}
+		return r
+	}
+	attempt := func(actx context.Context, r *replica, run func(context.Context) (T, error)) answer {
+		began := time.Now()
+		actx, acancel := context.WithTimeout(actx, b.rpcTimeout)
+		v, err := run(actx)
+		acancel()
+		r.inflight.Add(-1)
+		return answer{r, v, err, time.Since(began)}
+	}
+	// won, when not nil, ends the caller's own attempt: another answered.
+	var won context.CancelFunc
+	launch := func(hedge bool) bool {
+		r := pick(hedge)
+		if r == nil {
+			return false
+		}
 		run := start(r)
 		go func() {
-			began := time.Now()
-			actx, acancel := context.WithTimeout(ctx, b.rpcTimeout)
-			v, err := run(actx)
-			acancel()
-			r.inflight.Add(-1)
-			answers <- answer{r, v, err, time.Since(began)}
+			a := attempt(ctx, r, run)
+			if a.err == nil && won != nil {
+				won()
+			}
+			answers <- a
 		}()
 		return true
 	}
 	b.budget.deposit()
-	if !launch(false) {
-		return zero, errReconnecting
-	}
+	hedging := b.hedgeDelay > 0 && len(b.replicas) > 1
+	pending := 0
 	var hedge <-chan time.Time
-	if b.hedgeDelay > 0 && len(b.replicas) > 1 {
-		t := time.NewTimer(b.hedgeDelay)
-		defer t.Stop()
-		hedge = t.C
+	if inline {
+		r := pick(false)
+		if r == nil {
+			return zero, errReconnecting
+		}
+		run := start(r)
+		own, cancelOwn := context.WithCancel(ctx)
+		won = cancelOwn
+		// While the caller asks, a timer may hedge: it launches under mu,
+		// and launches nothing once the caller's attempt has returned.
+		var mu sync.Mutex
+		done, hedged := false, 0
+		var t *time.Timer
+		if hedging {
+			t = time.AfterFunc(b.hedgeDelay, func() {
+				mu.Lock()
+				defer mu.Unlock()
+				if !done && b.budget.take() && launch(true) {
+					hedged++
+				}
+			})
+		}
+		a := attempt(own, r, run)
+		mu.Lock()
+		done = true
+		pending = hedged + 1
+		mu.Unlock()
+		if t != nil {
+			t.Stop()
+		}
+		cancelOwn()
+		answers <- a
+	} else {
+		if !launch(false) {
+			return zero, errReconnecting
+		}
+		pending = 1
+		if hedging {
+			t := time.NewTimer(b.hedgeDelay)
+			defer t.Stop()
+			hedge = t.C
+		}
 	}
 	var errs []error
 	stores := 0
-	for pending := 1; ; {
+	for {
 		select {
 		case a := <-answers:
 			pending--
@@ -375,6 +433,11 @@ func ask[T any](ctx context.Context, b *masterBackend, start func(*replica) func
 					}
 				}
 				return a.v, nil
+			}
+			if won != nil && errors.Is(a.err, context.Canceled) && ctx.Err() == nil {
+				// The caller's own attempt, ended by a hedge that
+				// answered: that answer is on its way.
+				continue
 			}
 			errs = append(errs, fmt.Errorf("%s: %w", a.r.addr, a.err))
 			switch {
@@ -526,7 +589,7 @@ func (b *masterBackend) replicaStats() []ReplicaStats {
 
 func (b *masterBackend) exists(ctx context.Context, keys encoded.Keys) ([]bool, error) {
 	defer keys.Free() // each attempt sends (and frees) a share of its own
-	return ask(ctx, b, func(r *replica) func(context.Context) ([]bool, error) {
+	return ask(ctx, b, b.inline(), func(r *replica) func(context.Context) ([]bool, error) {
 		mine := keys.Share()
 		return func(ctx context.Context) ([]bool, error) { return r.c.BatchLookupEncoded(ctx, mine) }
 	})
@@ -548,9 +611,19 @@ func (b *masterBackend) prefix(ctx context.Context, keys encoded.Keys) (int, err
 }
 
 func (b *masterBackend) match(ctx context.Context, hashes []string) ([]masterconn.NodeMatch, error) {
-	return ask(ctx, b, func(r *replica) func(context.Context) ([]masterconn.NodeMatch, error) {
+	return ask(ctx, b, false, func(r *replica) func(context.Context) ([]masterconn.NodeMatch, error) {
 		return func(ctx context.Context) ([]masterconn.NodeMatch, error) { return r.c.MatchExternalKv(ctx, hashes) }
 	})
+}
+
+// inline: BatchLookup is lock-step on every replica's connection.
+func (b *masterBackend) inline() bool { return b.lockStep }
+
+func (b *masterBackend) askAgain(ctx context.Context, _ bool) error {
+	_, err := ask(ctx, b, false, func(r *replica) func(context.Context) (struct{}, error) {
+		return func(ctx context.Context) (struct{}, error) { return struct{}{}, r.c.ProbeLookup(ctx) }
+	})
+	return err
 }
 
 // clear is refused: a distributed pool is cleared by its nodes, as in vLLM.
@@ -559,7 +632,7 @@ func (b *masterBackend) clear(context.Context) (bool, error) {
 }
 
 func (b *masterBackend) ping(ctx context.Context) (ServerCapabilities, error) {
-	_, err := ask(ctx, b, func(r *replica) func(context.Context) (struct{}, error) {
+	_, err := ask(ctx, b, false, func(r *replica) func(context.Context) (struct{}, error) {
 		return func(ctx context.Context) (struct{}, error) { return struct{}{}, r.c.Probe(ctx, false) }
 	})
 	if err != nil {

@@ -90,6 +90,11 @@ const (
 	hedgeBurst     = 10
 )
 
+// A probe after a lock-step lookup overran (lookupcall.go) that failed
+// rather than waited (a connection refused, a dial that timed out) is made
+// again after pauses paced by probeRedial.
+var probeRedial = backoff.Policy{Base: 50 * time.Millisecond, Max: time.Second, Jitter: 0.2}
+
 // A scheduler handle's calls run on at most lookupWorkers detached
 // goroutines a connection (calls in flight at once, from callers of their
 // own; a call that overran holds the later ones off).

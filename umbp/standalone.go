@@ -92,6 +92,12 @@ func (s standaloneSource) ping(ctx context.Context) (ServerCapabilities, error) 
 	return capabilitiesOf(caps), s.failed(err)
 }
 
+func (s standaloneSource) inline() bool { return s.c.LockStepLookups() }
+
+func (s standaloneSource) askAgain(ctx context.Context, prefix bool) error {
+	return s.failed(s.c.ProbeLookup(ctx, prefix))
+}
+
 func (s standaloneSource) failed(err error) error {
 	s.l.failed(err)
 	return err

@@ -81,6 +81,38 @@ func (c *Conn) invokeLookup(ctx context.Context, method string, msg *encoded.Mes
 	return c.lookups.Invoke(ctx, method, msg.Bytes(), resp)
 }
 
+// LockStepLookups reports whether the lookups are lock-step calls
+// (Options.GRPCLookups not set): each ends when its context does, its
+// connection interrupted, so that its caller may make it itself, bounded by
+// its context, instead of on a goroutine it can walk away from.
+func (c *Conn) LockStepLookups() bool { return c.lookups != nil }
+
+// ProbeLookup asks BatchExists (BatchExistsConsecutive when consecutive) of
+// no key, as a lookup goes, and returns once the server answers (or the
+// call fails, or ctx ends): it tells when a server that let a lookup
+// overrun answers lookups again.
+func (c *Conn) ProbeLookup(ctx context.Context, consecutive bool) error {
+	op, method := "BatchExists", umbppb.UMBPStandalone_BatchExists_FullMethodName
+	var resp proto.Message = new(umbppb.BatchBoolResponse)
+	if consecutive {
+		op, method = "BatchExistsConsecutive", umbppb.UMBPStandalone_BatchExistsConsecutive_FullMethodName
+		resp = new(umbppb.CountResponse)
+	}
+	if err := c.usable(op); err != nil {
+		return err
+	}
+	var err error
+	if c.lookups != nil {
+		err = c.lookups.Invoke(ctx, method, nil, resp)
+	} else {
+		err = c.cc.Invoke(ctx, method, new(umbppb.BatchKeysRequest), resp)
+	}
+	if err != nil {
+		return c.rpcError(ctx, op, err)
+	}
+	return nil
+}
+
 // BatchExists is EncodeKeys and BatchExistsEncoded.
 func (c *Conn) BatchExists(ctx context.Context, keys []string) (ok []bool, errs []error) {
 	k, err := EncodeKeys(keys)

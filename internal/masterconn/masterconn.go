@@ -254,8 +254,9 @@ func (c *Conn) BatchLookup(ctx context.Context, keys []string) ([]bool, error) {
 	return c.BatchLookupEncoded(ctx, k)
 }
 
-// Probe asks BatchLookup about no keys: the cheapest call with no side
-// effects, to learn whether the master answers.
+// Probe asks BatchLookup about no keys through the channel: the cheapest
+// call with no side effects, to learn whether the master answers.
+// waitForReady waits for the channel to connect.
 func (c *Conn) Probe(ctx context.Context, waitForReady bool) error {
 	_, err := c.raw.BatchLookup(ctx, &umbppb.BatchLookupRequest{}, grpc.WaitForReady(waitForReady))
 	if err != nil {
@@ -263,6 +264,22 @@ func (c *Conn) Probe(ctx context.Context, waitForReady bool) error {
 	}
 	return nil
 }
+
+// ProbeLookup is Probe made as a lookup goes: lock-step, unless
+// Options.GRPCLookups.
+func (c *Conn) ProbeLookup(ctx context.Context) error {
+	if c.lookups == nil {
+		return c.Probe(ctx, false)
+	}
+	if err := c.lookups.Invoke(ctx, umbppb.UMBPMaster_BatchLookup_FullMethodName, nil, new(umbppb.BatchLookupResponse)); err != nil {
+		return rpcError(ctx, "BatchLookup", err)
+	}
+	return nil
+}
+
+// LockStepLookups reports whether BatchLookup is a lock-step call
+// (Options.GRPCLookups not set): one that ends when its context does.
+func (c *Conn) LockStepLookups() bool { return c.lookups != nil }
 
 // MatchExternalKv asks which nodes hold hashes in the external KV index,
 // without counting hits, and checks the answer (CheckMatch).
