@@ -226,12 +226,16 @@ type ClusterConfig struct {
 	// Masters are the master's addresses, host:port: one, or the replicas
 	// of a master that keeps its state in a RESP store (Redis, Valkey),
 	// which serve one pool interchangeably. A handle keeps a channel to
-	// each, sends a call to one healthy replica and, when it has not
-	// answered within HedgeDelay, to a second; a replica that stalls or
-	// refuses is set aside and probed back.
+	// each, sends a call to one healthy replica (the least busy, the one
+	// that answered last among equals) and, when it has not answered
+	// within the hedge delay, to a second; a replica that stalls or
+	// refuses is set aside and probed back, and a call that overran
+	// LookupTimeout on one is followed at once by a probe of the others.
 	Masters []string
 	// HedgeDelay is how long a call waits for one replica before it asks
-	// a second one too (the first good answer wins). Zero means
+	// a second one too (the first good answer wins); a kind of call that
+	// takes longer (Score's MatchExternalKv of thousands of hashes) waits
+	// three times its moving average instead. Zero means
 	// DefaultHedgeDelay; negative asks one replica at a time. Hedges are
 	// budgeted: at most about one call in ten when the replicas are slow.
 	HedgeDelay time.Duration

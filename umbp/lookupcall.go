@@ -65,8 +65,13 @@ type lookupSource interface {
 	// caller may make them on its own goroutine.
 	inline() bool
 	// askAgain asks what exists (prefix, when prefix) asks, of no key,
-	// and returns once the server answers, the call fails or ctx ends.
+	// and returns once the server answers, the call fails or ctx ends:
+	// the probe after a call overran.
 	askAgain(ctx context.Context, prefix bool) error
+	// probesReplicas reports whether a detached call that overran is
+	// followed by askAgain too: the master's, whose other replicas may
+	// answer while the call waits on one.
+	probesReplicas() bool
 }
 
 var (
@@ -87,13 +92,15 @@ type caller struct {
 	mu sync.Mutex
 	// calls runs the calls to the current connection; a new connection
 	// gets a new pool, so that no call queues behind one stuck on the old.
-	calls      *daemonpool.Pool
-	unanswered <-chan struct{} // the Done channel of a call that overran
-	// probing: unanswered is a lock-step call's probe, which closing the
-	// connection ends (a gRPC call stuck in the server may hold the close).
-	probing bool
-	closed  bool
-	done    chan struct{} // closed by close
+	calls *daemonpool.Pool
+	// Later calls are held off (they fail at once) while a call that
+	// overran has not returned (unanswered, the Done channel of a detached
+	// call) and, where there is one, no probe since has been answered
+	// (probe, the Done channel of the probe overran started).
+	unanswered <-chan struct{}
+	probe      <-chan struct{}
+	closed     bool
+	done       chan struct{} // closed by close
 }
 
 func newCaller(b lookupBackend, timeout time.Duration) (*caller, error) {
@@ -110,11 +117,34 @@ func newLookupPool() (*daemonpool.Pool, error) {
 	return daemonpool.New(lookupWorkers, "umbp-lookup", nil)
 }
 
+// heldOffLocked reports whether calls are held off now; c.mu is held.
+func (c *caller) heldOffLocked() bool {
+	switch {
+	case c.unanswered != nil && c.probe != nil:
+		return !isDone(c.unanswered) && !isDone(c.probe)
+	case c.unanswered != nil:
+		return !isDone(c.unanswered)
+	case c.probe != nil:
+		return !isDone(c.probe)
+	}
+	return false
+}
+
+// callKind is what a call asks, for what may run on the caller's goroutine
+// and how a server that let it overrun is asked again.
+type callKind uint8
+
+const (
+	callOther  callKind = iota // Score, Clear, Ping: always detached
+	callExists                 // Lookup
+	callPrefix                 // LookupPrefix
+)
+
 // call runs fn on one of c's detached goroutines and waits for it at most
 // c's timeout or until ctx ends; what names the call in its errors. A
-// lookup (probe not nil) on a source whose lookups are lock-step runs on
-// the caller's goroutine instead (callInline).
-func call[T any](ctx context.Context, c *caller, what string, probe func(context.Context, lookupSource) error, fn func(context.Context, lookupSource) (T, error)) (T, error) {
+// lookup (kind callExists or callPrefix) on a source whose lookups are
+// lock-step runs on the caller's goroutine instead (callInline).
+func call[T any](ctx context.Context, c *caller, what string, kind callKind, fn func(context.Context, lookupSource) (T, error)) (T, error) {
 	var zero T
 	c.mu.Lock()
 	if c.closed {
@@ -129,18 +159,14 @@ func call[T any](ctx context.Context, c *caller, what string, probe func(context
 		c.mu.Unlock()
 		return zero, err
 	}
-	if c.unanswered != nil {
-		select {
-		case <-c.unanswered:
-			c.unanswered = nil
-		default:
-			c.mu.Unlock()
-			return zero, errUnanswered
-		}
-	}
-	if probe != nil && src.inline() {
+	if c.heldOffLocked() {
 		c.mu.Unlock()
-		return callInline(ctx, c, what, src, probe, fn)
+		return zero, errUnanswered
+	}
+	c.unanswered, c.probe = nil, nil
+	if kind != callOther && src.inline() {
+		c.mu.Unlock()
+		return callInline(ctx, c, what, src, kind, fn)
 	}
 	pool := c.calls
 	// The RPC itself carries no deadline: a deadline costs a timer on
@@ -166,13 +192,7 @@ func call[T any](ctx context.Context, c *caller, what string, probe func(context
 	default:
 	}
 	if !f.Cancel() { // a call that never started holds nothing up
-		c.mu.Lock()
-		// A call on a pool replaced meanwhile holds up nothing: its
-		// connection is closed.
-		if c.calls == pool && (c.unanswered == nil || isDone(c.unanswered)) {
-			c.unanswered, c.probing = f.Done(), false
-		}
-		c.mu.Unlock()
+		c.overran(src, pool, kind, f.Done())
 	}
 	if err := ctx.Err(); err != nil {
 		return zero, fmt.Errorf("%s: %w", what, err)
@@ -180,13 +200,10 @@ func call[T any](ctx context.Context, c *caller, what string, probe func(context
 	return zero, fmt.Errorf("%s: %w within %v: %w", what, errNoReply, c.timeout, context.DeadlineExceeded)
 }
 
-// probeExists and probePrefix are the probes of Lookup and LookupPrefix.
-func probeExists(ctx context.Context, src lookupSource) error { return src.askAgain(ctx, false) }
-func probePrefix(ctx context.Context, src lookupSource) error { return src.askAgain(ctx, true) }
-
 // callInline runs fn on the caller's goroutine, ended when c's timeout
-// passes or ctx ends. One that overran leaves probe in flight (overran).
-func callInline[T any](ctx context.Context, c *caller, what string, src lookupSource, probe func(context.Context, lookupSource) error, fn func(context.Context, lookupSource) (T, error)) (T, error) {
+// passes or ctx ends; one that ended so leaves a probe in flight
+// (overran).
+func callInline[T any](ctx context.Context, c *caller, what string, src lookupSource, kind callKind, fn func(context.Context, lookupSource) (T, error)) (T, error) {
 	var zero T
 	// A timer that cancels, rather than a deadline: a deadline would
 	// travel to the server (grpc-timeout), which would then keep a timer
@@ -206,32 +223,40 @@ func callInline[T any](ctx context.Context, c *caller, what string, src lookupSo
 	case ctx.Err() != nil:
 		// Ended unanswered, as one that overran: the server may be
 		// stalled.
-		c.overran(src, probe)
+		c.overran(src, nil, kind, nil)
 		return zero, fmt.Errorf("%s: %w", what, ctx.Err())
 	case expired.Load():
-		c.overran(src, probe)
+		c.overran(src, nil, kind, nil)
 		return zero, fmt.Errorf("%s: %w within %v: %w", what, errNoReply, c.timeout, context.DeadlineExceeded)
 	}
 	return zero, err
 }
 
-// overran holds later calls off after a lock-step call to src overran:
-// probe asks src again on a detached goroutine, with no bound, until the
-// server answers it or src is no longer the connection calls go to (the
-// call then ends with it). A probe already in flight does for both.
-func (c *caller) overran(src lookupSource, probe func(context.Context, lookupSource) error) {
+// overran holds later calls off after a call to src overran: while stuck,
+// the Done channel of a detached call that overran, has not returned, and
+// until a probe answers where there is one. A probe (src.askAgain, on a
+// detached goroutine, with no bound) follows a lock-step call (stuck nil:
+// it was ended), and any call to the master's replicas, where it finds
+// another replica that answers at once. pool, when not nil, is the pool
+// stuck runs on: a call on a pool replaced meanwhile holds nothing up (its
+// connection is closed).
+func (c *caller) overran(src lookupSource, pool *daemonpool.Pool, kind callKind, stuck <-chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed || (c.unanswered != nil && !isDone(c.unanswered)) {
+	if c.closed || c.heldOffLocked() || (pool != nil && c.calls != pool) {
 		return
 	}
 	if now, err := c.backend.session(); err != nil || now != src {
 		return // replaced, or reconnecting: nothing to hold off
 	}
-	pool := c.calls
-	f, err := daemonpool.Submit(pool, func() (struct{}, error) {
+	c.unanswered, c.probe = stuck, nil
+	if stuck != nil && !src.probesReplicas() {
+		return
+	}
+	prefix := kind == callPrefix
+	f, err := daemonpool.Submit(c.calls, func() (struct{}, error) {
 		for pause := time.Duration(0); ; {
-			err := probe(context.Background(), src)
+			err := src.askAgain(context.Background(), prefix)
 			if err == nil || c.gone(src) {
 				return struct{}{}, err
 			}
@@ -248,7 +273,7 @@ func (c *caller) overran(src lookupSource, probe func(context.Context, lookupSou
 		}
 	})
 	if err == nil {
-		c.unanswered, c.probing = f.Done(), true
+		c.probe = f.Done()
 	}
 }
 
@@ -275,7 +300,7 @@ func (c *caller) reset() {
 		pool.Shutdown() // close shut the old one down
 		return
 	}
-	c.calls, c.unanswered = pool, nil
+	c.calls, c.unanswered, c.probe = pool, nil, nil
 	c.mu.Unlock()
 	old.Shutdown()
 }
@@ -292,9 +317,7 @@ func (c *caller) close() (stuck <-chan struct{}, first bool) {
 	c.closed = true
 	close(c.done)
 	calls := c.calls
-	if !c.probing {
-		stuck = c.unanswered
-	}
+	stuck = c.unanswered // a probe, lock-step, ends with the connection
 	c.mu.Unlock()
 	calls.Shutdown()
 	if stuck != nil && isDone(stuck) {

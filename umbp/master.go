@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,11 +20,13 @@ import (
 )
 
 // A handle on MORI's master keeps one gRPC channel per replica (one for a
-// single master). A call goes to one usable replica, the least busy, in
-// turn; one that has not answered within the hedge delay is sent to a
-// second too (budgeted), and the first good answer wins, the other
-// cancelled; a failed attempt fails over to a replica not asked yet. A
-// replica overtaken or failing is set aside and probed back; one whose
+// single master). A call goes to one usable replica, the least busy, the
+// one that answered last among equals; one that has not answered within
+// its kind's hedge delay is sent to a second too (budgeted), and the first
+// good answer wins, the other cancelled; a failed attempt fails over to a
+// replica not asked yet. A replica overtaken, failing, or silent past
+// LookupTimeout is set aside and probed back (unless it is the last
+// usable: then later calls answer misses until it answers); one whose
 // channel is down is left to gRPC's redial. Every replica reporting its
 // metadata store unavailable is one fault, the store's, not theirs.
 
@@ -39,7 +42,10 @@ type masterBackend struct {
 	storeWarn  logLimiter
 
 	st   connState
-	turn atomic.Uint64 // where the next pick starts
+	last atomic.Int32 // the replica that answered last: the next pick starts there
+	// lat is each kind of call's answer time, a moving average (ns), which
+	// sets its hedge delay.
+	lat  [numAskKinds]atomic.Int64
 	kick chan struct{} // wakes the prober
 	stop context.CancelFunc
 	wg   sync.WaitGroup
@@ -235,7 +241,7 @@ func (b *masterBackend) poke() {
 // setAside takes r out of the calls' way until a probe answers, unless it
 // is the last usable replica: a pool whose every replica is stuck is the
 // caller's to wait out (its calls then answer misses at once).
-func (b *masterBackend) setAside(r *replica, why string) {
+func (b *masterBackend) setAside(r *replica, why string) (aside bool) {
 	others := false
 	for _, o := range b.replicas {
 		if o != r && o.usable() {
@@ -244,12 +250,13 @@ func (b *masterBackend) setAside(r *replica, why string) {
 		}
 	}
 	if !others || !r.aside.CompareAndSwap(false, true) {
-		return
+		return r.aside.Load()
 	}
 	r.setAsides.Add(1)
 	b.log.Debug("UMBP master replica set aside; probing it", "replica", r.addr, "why", why)
 	b.update()
 	b.poke()
+	return true
 }
 
 // probe asks every replica set aside, every probeInterval, whether it
@@ -285,10 +292,12 @@ func (b *masterBackend) probe(ctx context.Context) {
 }
 
 // pick returns the usable replica not tried yet with the fewest calls in
-// flight, in turn among equals; nil when there is none.
+// flight, the one that answered last first among equals (a master process
+// asked call after call answers sooner than three asked in turn); nil when
+// there is none.
 func (b *masterBackend) pick(tried []bool) *replica {
 	n := len(b.replicas)
-	start := int(b.turn.Add(1) % uint64(n))
+	start := int(b.last.Load()) % n
 	var best *replica
 	for k := range n {
 		r := b.replicas[(start+k)%n]
@@ -314,7 +323,7 @@ func (b *masterBackend) pick(tried []bool) *replica {
 // bytes); what it makes runs on a goroutine of its own, but the first
 // attempt, when inline, on the caller's: a hedge is then launched by a
 // timer, and one that answers first ends the caller's attempt.
-func ask[T any](ctx context.Context, b *masterBackend, inline bool, start func(*replica) func(context.Context) (T, error)) (T, error) {
+func ask[T any](ctx context.Context, b *masterBackend, inline bool, kind askKind, start func(*replica) func(context.Context) (T, error)) (T, error) {
 	var zero T
 	type answer struct {
 		r     *replica
@@ -367,7 +376,8 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, start func(*
 		return true
 	}
 	b.budget.deposit()
-	hedging := b.hedgeDelay > 0 && len(b.replicas) > 1
+	delay := b.hedgeAfter(kind)
+	hedging := delay > 0 && len(b.replicas) > 1
 	pending := 0
 	var hedge <-chan time.Time
 	if inline {
@@ -384,7 +394,7 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, start func(*
 		done, hedged := false, 0
 		var t *time.Timer
 		if hedging {
-			t = time.AfterFunc(b.hedgeDelay, func() {
+			t = time.AfterFunc(delay, func() {
 				mu.Lock()
 				defer mu.Unlock()
 				if !done && b.budget.take() && launch(true) {
@@ -408,21 +418,29 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, start func(*
 		}
 		pending = 1
 		if hedging {
-			t := time.NewTimer(b.hedgeDelay)
+			t := time.NewTimer(delay)
 			defer t.Stop()
 			hedge = t.C
 		}
 	}
+
 	var errs []error
 	stores := 0
 	for {
 		select {
 		case a := <-answers:
 			pending--
+			if a.err != nil && ctx.Err() != nil {
+				return zero, ctx.Err() // the caller's own attempt, ended with ctx
+			}
 			answered[a.r.idx] = true
 			if a.err == nil {
 				a.r.wins.Add(1)
 				a.r.observe(a.taken)
+				b.last.Store(int32(a.r.idx))
+				if kind != askProbe {
+					b.observe(kind, a.taken)
+				}
 				a.r.overtaken.Store(0)
 				for i, r := range b.replicas {
 					if tried[i] && !answered[i] && r.overtaken.Add(1) >= overtakenLimit {
@@ -470,6 +488,46 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, start func(*
 			return zero, ctx.Err()
 		}
 	}
+}
+
+// askKind is what a call asks: each kind has its own hedge delay.
+type askKind int
+
+const (
+	askLookup askKind = iota // BatchLookup
+	askMatch                 // MatchExternalKv, for Score
+	askProbe                 // a lookup of no key, whose time is not the lookups'
+	numAskKinds
+)
+
+// hedgeAfter is how long an attempt of kind may go unanswered before
+// another replica is asked too: HedgeDelay, or hedgeLatencyFactor times
+// what such a call takes when that is longer (Score's MatchExternalKv of
+// thousands of hashes takes tens of milliseconds on a master whose store
+// is Redis); negative: never.
+func (b *masterBackend) hedgeAfter(kind askKind) time.Duration {
+	d := b.hedgeDelay
+	if d <= 0 {
+		return d
+	}
+	if l := b.lat[kind].Load(); l > 0 {
+		d = max(d, time.Duration(hedgeLatencyFactor*float64(l)))
+	}
+	return d
+}
+
+// observe folds an answer's time into kind's moving average (weight 1/8);
+// an answer far slower than the average (a replica that was stopped)
+// counts as four times the average, so that one does not turn hedging off.
+func (b *masterBackend) observe(kind askKind, d time.Duration) {
+	l := &b.lat[kind]
+	cur := l.Load()
+	if cur == 0 {
+		l.Store(int64(d))
+		return
+	}
+	v := min(int64(d), 4*cur)
+	l.Store(cur + (v-cur)/8)
 }
 
 // storeDown says, at most every failureLogInterval, that the master's
@@ -589,7 +647,7 @@ func (b *masterBackend) replicaStats() []ReplicaStats {
 
 func (b *masterBackend) exists(ctx context.Context, keys encoded.Keys) ([]bool, error) {
 	defer keys.Free() // each attempt sends (and frees) a share of its own
-	return ask(ctx, b, b.inline(), func(r *replica) func(context.Context) ([]bool, error) {
+	return ask(ctx, b, b.inline(), askLookup, func(r *replica) func(context.Context) ([]bool, error) {
 		mine := keys.Share()
 		return func(ctx context.Context) ([]bool, error) { return r.c.BatchLookupEncoded(ctx, mine) }
 	})
@@ -611,7 +669,7 @@ func (b *masterBackend) prefix(ctx context.Context, keys encoded.Keys) (int, err
 }
 
 func (b *masterBackend) match(ctx context.Context, hashes []string) ([]masterconn.NodeMatch, error) {
-	return ask(ctx, b, false, func(r *replica) func(context.Context) ([]masterconn.NodeMatch, error) {
+	return ask(ctx, b, false, askMatch, func(r *replica) func(context.Context) ([]masterconn.NodeMatch, error) {
 		return func(ctx context.Context) ([]masterconn.NodeMatch, error) { return r.c.MatchExternalKv(ctx, hashes) }
 	})
 }
@@ -619,11 +677,95 @@ func (b *masterBackend) match(ctx context.Context, hashes []string) ([]mastercon
 // inline: BatchLookup is lock-step on every replica's connection.
 func (b *masterBackend) inline() bool { return b.lockStep }
 
+func (b *masterBackend) probesReplicas() bool { return true }
+
+// askAgain asks every usable replica at once for a lookup of no key, after
+// a call overran: the first to answer (or to say its store is down: it is
+// alive) ends it, and of the others those still silent attachGrace later
+// are set aside, stalled. Until one answers, the handle's calls answer
+// misses at once; a replica stopped among healthy ones costs one call's
+// LookupTimeout, not the stop.
 func (b *masterBackend) askAgain(ctx context.Context, _ bool) error {
-	_, err := ask(ctx, b, false, func(r *replica) func(context.Context) (struct{}, error) {
-		return func(ctx context.Context) (struct{}, error) { return struct{}{}, r.c.ProbeLookup(ctx) }
-	})
-	return err
+	var asked []*replica
+	for _, r := range b.replicas {
+		if r.usable() {
+			asked = append(asked, r)
+		}
+	}
+	if len(asked) == 0 {
+		return errReconnecting
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	results := make(chan probeResult, len(asked))
+	for _, r := range asked {
+		go func() { results <- probeResult{r, r.c.ProbeLookup(pctx)} }()
+	}
+	var errs []error
+	for left := len(asked); left > 0; left-- {
+		var x probeResult
+		select {
+		case x = <-results:
+		case <-ctx.Done():
+			cancel()
+			return ctx.Err()
+		}
+		if x.err != nil && !isStoreFault(x.err) {
+			asked = slices.DeleteFunc(asked, func(r *replica) bool { return r == x.r })
+			errs = append(errs, fmt.Errorf("%s: %w", x.r.addr, x.err))
+			if errors.Is(x.err, ErrUnavailable) {
+				b.setAside(x.r, x.err.Error())
+			}
+			continue
+		}
+		if x.err != nil {
+			b.storeDown(x.err)
+		} else {
+			b.last.Store(int32(x.r.idx))
+		}
+		asked = slices.DeleteFunc(asked, func(r *replica) bool { return r == x.r })
+		if left > 1 {
+			// The others' probes are not waited for.
+			go b.setAsideSilent(asked, results, left-1, cancel)
+		} else {
+			cancel()
+		}
+		return nil
+	}
+	cancel()
+	return errors.Join(errs...)
+}
+
+// probeResult is one replica's answer to askAgain's probe.
+type probeResult struct {
+	r   *replica
+	err error
+}
+
+// setAsideSilent sets aside those of asked whose probe, still out on
+// results (n of them), has not answered within attachGrace; then it ends
+// them.
+func (b *masterBackend) setAsideSilent(asked []*replica, results <-chan probeResult, n int, cancel context.CancelFunc) {
+	defer cancel()
+	silent := map[*replica]bool{}
+	for _, r := range asked {
+		silent[r] = true
+	}
+	grace := time.NewTimer(attachGrace)
+	defer grace.Stop()
+wait:
+	for ; n > 0; n-- {
+		select {
+		case x := <-results:
+			delete(silent, x.r)
+		case <-grace.C:
+			break wait
+		}
+	}
+	for _, r := range asked {
+		if silent[r] && n > 0 {
+			b.setAside(r, fmt.Sprintf("silent %v after another answered", attachGrace))
+		}
+	}
 }
 
 // clear is refused: a distributed pool is cleared by its nodes, as in vLLM.
@@ -632,7 +774,7 @@ func (b *masterBackend) clear(context.Context) (bool, error) {
 }
 
 func (b *masterBackend) ping(ctx context.Context) (ServerCapabilities, error) {
-	_, err := ask(ctx, b, false, func(r *replica) func(context.Context) (struct{}, error) {
+	_, err := ask(ctx, b, false, askProbe, func(r *replica) func(context.Context) (struct{}, error) {
 		return func(ctx context.Context) (struct{}, error) { return struct{}{}, r.c.Probe(ctx, false) }
 	})
 	if err != nil {

@@ -90,6 +90,10 @@ const (
 	hedgeBurst     = 10
 )
 
+// A kind of call whose answers take longer than HedgeDelay is hedged after
+// hedgeLatencyFactor times its moving average instead.
+const hedgeLatencyFactor = 3
+
 // A probe after a lock-step lookup overran (lookupcall.go) that failed
 // rather than waited (a connection refused, a dial that timed out) is made
 // again after pauses paced by probeRedial.

@@ -165,6 +165,62 @@ func TestReplicaStalledIsRoutedAround(t *testing.T) {
 	}
 }
 
+// Calls made one after another go to the replica that answered last (one
+// master process asked call after call answers sooner than three in turn);
+// one stopped without a hedge to route around it (hedges off, as with the
+// budget spent) costs one lookup LookupTimeout, not the stop: the probe
+// that follows the call that overran finds the others, later lookups go to
+// them, and the stopped one is set aside.
+func TestStoppedReplicaWithoutHedges(t *testing.T) {
+	p := newReplicatedPool(t, 8, umbptest.MasterOptions{})
+	cfg := p.config(t)
+	cfg.HedgeDelay = -1
+	cfg.LookupTimeout = 200 * time.Millisecond
+	h := newClusterHandle(t, cfg)
+	p.checkLookups(t, h, 1, 10, time.Second)
+	used, calls := -1, uint64(0)
+	for i, r := range h.Stats().Replicas {
+		calls += r.Calls
+		if r.Calls > 0 {
+			if used >= 0 {
+				t.Fatalf("calls one after another went to replicas %d and %d: %+v", used, i, h.Stats().Replicas)
+			}
+			used = i
+		}
+	}
+	if used < 0 || calls != 10 {
+		t.Fatalf("%d calls for 10 lookups: %+v", calls, h.Stats().Replicas)
+	}
+
+	p.m.Replica(used).Suspend()
+	defer p.m.Replica(used).Resume()
+	stopped := time.Now()
+	var firstHit time.Duration
+	for hits := 0; hits < 50; {
+		start := time.Now()
+		got := h.Lookup(context.Background(), p.keys)
+		if d := time.Since(start); d > cfg.LookupTimeout+margin {
+			t.Fatalf("a lookup took %v with a replica stopped", d)
+		}
+		switch {
+		case got[0]:
+			if hits == 0 {
+				firstHit = time.Since(stopped)
+			}
+			hits++
+		case hits > 0:
+			t.Fatalf("a miss after %d hits with a replica stopped", hits)
+		case time.Since(stopped) > 5*time.Second:
+			t.Fatalf("no hit within 5s of one replica of three stopping: %+v", h.Stats())
+		}
+	}
+	if bound := cfg.LookupTimeout + time.Second; firstHit > bound {
+		t.Errorf("lookups hit again %v after one replica of three stopped, want within %v", firstHit, bound)
+	}
+	waitFor(t, "the stopped replica set aside", func() bool { return h.Stats().Replicas[used].SetAside })
+	t.Logf("hits again %v after the stop", firstHit)
+}
+
 // A killed replica refuses: its calls fail over at once, and it is used
 // again within a second of its restart.
 func TestReplicaKilledAndRestarted(t *testing.T) {

@@ -153,7 +153,7 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 	h.stats.lookups.Add(1)
 	var out []bool
 	if n := len(keys); err == nil {
-		out, err = call(ctx, h.calls, "lookup", probeExists, func(ctx context.Context, src lookupSource) ([]bool, error) {
+		out, err = call(ctx, h.calls, "lookup", callExists, func(ctx context.Context, src lookupSource) ([]bool, error) {
 			hits, err := src.exists(ctx, q)
 			if err != nil {
 				return nil, err
@@ -245,7 +245,7 @@ func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
 	}
 	var n int
 	if err == nil {
-		n, err = call(ctx, h.calls, "prefix lookup", probePrefix, func(ctx context.Context, src lookupSource) (int, error) {
+		n, err = call(ctx, h.calls, "prefix lookup", callPrefix, func(ctx context.Context, src lookupSource) (int, error) {
 			n, err := src.prefix(ctx, q)
 			if err == nil && (n < 0 || n > len(keys)) {
 				err = fmt.Errorf("count %d for %d keys", n, len(keys))
@@ -319,7 +319,7 @@ func (h *SchedulerHandle) Score(ctx context.Context, req ScoreRequest) (Scores, 
 		errs   [2]error
 	}
 	h.stats.lookups.Add(1)
-	a, err := call(ctx, h.calls, "score", nil, func(ctx context.Context, src lookupSource) (answer, error) {
+	a, err := call(ctx, h.calls, "score", callOther, func(ctx context.Context, src lookupSource) (answer, error) {
 		var a answer
 		// The two halves go out at once (to two replicas of a master,
 		// where it has them).
@@ -384,7 +384,7 @@ func (h *SchedulerHandle) QuarantineKeys(keys []string) {
 // (context.DeadlineExceeded). A handle on the master is refused
 // (ErrNotSupported): a distributed pool is cleared by its nodes.
 func (h *SchedulerHandle) Clear(ctx context.Context) error {
-	cleared, err := call(ctx, h.calls, "Clear", nil, func(ctx context.Context, src lookupSource) (bool, error) {
+	cleared, err := call(ctx, h.calls, "Clear", callOther, func(ctx context.Context, src lookupSource) (bool, error) {
 		return src.clear(ctx)
 	})
 	if err == nil && !cleared {
@@ -404,7 +404,7 @@ func (h *SchedulerHandle) Clear(ctx context.Context) error {
 // scheduler call; the answer also refreshes what [SchedulerHandle.Stats]
 // reports. Its error says why the server did not answer.
 func (h *SchedulerHandle) Ping(ctx context.Context) (ServerCapabilities, error) {
-	caps, err := call(ctx, h.calls, "Ping", nil, func(ctx context.Context, src lookupSource) (ServerCapabilities, error) {
+	caps, err := call(ctx, h.calls, "Ping", callOther, func(ctx context.Context, src lookupSource) (ServerCapabilities, error) {
 		return src.ping(ctx)
 	})
 	return caps, opError("ping", h.address, err)
