@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -27,6 +28,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/umbp-go/umbp-go/internal/fdpass"
+	"github.com/umbp-go/umbp-go/internal/h2call"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
@@ -368,6 +370,47 @@ func TestLookupConnectionsShareThePidfd(t *testing.T) {
 	if n != 1 {
 		t.Fatalf("%d pidfds held for one server, want 1", n)
 	}
+}
+
+// TestLookupsNotQueued: with every lock-step lookup connection busy, a
+// lookup goes through the gRPC channel at once rather than wait for one.
+func TestLookupsNotQueued(t *testing.T) {
+	f := startFake(t)
+	c := dial(t, f.endpoint)
+	release := make(chan struct{})
+	var arrived sync.WaitGroup
+	f.setHandler(func(ctx context.Context, method string, _ proto.Message) (proto.Message, error) {
+		if method == "BatchExists" {
+			arrived.Done()
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+		return nil, nil
+	})
+	n := h2call.MinDefaultMaxConns + 2 // above the connections this 2-core test opens
+	if p := runtime.GOMAXPROCS(0); p > h2call.MinDefaultMaxConns {
+		n = p + 2
+	}
+	arrived.Add(n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			if _, errs := c.BatchExists(context.Background(), []string{"k"}); errs != nil {
+				t.Errorf("BatchExists: %v", errs)
+			}
+		})
+	}
+	waited := make(chan struct{})
+	go func() { arrived.Wait(); close(waited) }()
+	select {
+	case <-waited: // every one reached the server while the others were held
+	case <-time.After(30 * time.Second): // does not hang
+		t.Error("lookups queued behind busy lookup connections")
+	}
+	close(release)
+	wg.Wait()
 }
 
 // TestGRPCLookups: with Options.GRPCLookups the lookups go through the

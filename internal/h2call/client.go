@@ -237,16 +237,8 @@ func New(opts Options) (*Client, error) {
 // copies: no buffer changes hands, and a call allocates nothing of its own
 // (what resp's content needs is proto.Unmarshal's to allocate).
 func (c *Client) Invoke(ctx context.Context, method string, req []byte, resp proto.Message) error {
-	if err := ctx.Err(); err != nil {
-		return ctxFailure(err)
-	}
-	if md, ok := metadata.FromOutgoingContext(ctx); ok {
-		if err := validateMetadata(md); err != nil {
-			return failure(codes.Internal, nil, err.Error())
-		}
-	}
-	if len(req) > math.MaxInt32 {
-		return failuref(codes.ResourceExhausted, nil, "grpc: trying to send message larger than max (%d vs. %d)", len(req), math.MaxInt32)
+	if err := checkCall(ctx, req); err != nil {
+		return err
 	}
 	select {
 	case c.slots <- struct{}{}:
@@ -259,6 +251,45 @@ func (c *Client) Invoke(ctx context.Context, method string, req []byte, resp pro
 			return closedFailure()
 		}
 	}
+	return c.invoke(ctx, method, req, resp)
+}
+
+// TryInvoke is Invoke when one of the client's connections is free now
+// (MaxConns calls are not all in flight): it reports whether it made the
+// call, and, when it did not, it has done nothing (it never waits for a
+// connection). A caller with another way to send the call, which takes
+// more calls at once, uses it when every connection is busy.
+func (c *Client) TryInvoke(ctx context.Context, method string, req []byte, resp proto.Message) (sent bool, err error) {
+	if err := checkCall(ctx, req); err != nil {
+		return true, err
+	}
+	select {
+	case c.slots <- struct{}{}:
+	default:
+		return false, nil
+	}
+	return true, c.invoke(ctx, method, req, resp)
+}
+
+// checkCall refuses a call that cannot be made, before it takes a
+// connection.
+func checkCall(ctx context.Context, req []byte) error {
+	if err := ctx.Err(); err != nil {
+		return ctxFailure(err)
+	}
+	if md, ok := metadata.FromOutgoingContext(ctx); ok {
+		if err := validateMetadata(md); err != nil {
+			return failure(codes.Internal, nil, err.Error())
+		}
+	}
+	if len(req) > math.MaxInt32 {
+		return failuref(codes.ResourceExhausted, nil, "grpc: trying to send message larger than max (%d vs. %d)", len(req), math.MaxInt32)
+	}
+	return nil
+}
+
+// invoke makes a call whose slot is taken, and gives the slot back.
+func (c *Client) invoke(ctx context.Context, method string, req []byte, resp proto.Message) error {
 	defer func() { <-c.slots }()
 	err, retry := c.attempt(ctx, method, req, resp, false)
 	if retry {

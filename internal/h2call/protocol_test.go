@@ -640,6 +640,40 @@ func TestWaitForAConnection(t *testing.T) {
 	}
 }
 
+// TryInvoke makes the call on a free connection, and does nothing while
+// every connection is busy.
+func TestTryInvoke(t *testing.T) {
+	s := newScripted(t, func(o *Options) { o.MaxConns = 1 })
+	req, _ := proto.Marshal(&umbppb.BatchKeysRequest{Keys: []string{"k"}})
+	try := func() (bool, error) {
+		return s.TryInvoke(context.Background(), umbppb.UMBPStandalone_BatchExists_FullMethodName, req, new(umbppb.BatchBoolResponse))
+	}
+	ch := s.goCall(context.Background(), "k")
+	sc := s.next(t)
+	sc.handshake()
+	r := sc.readRequest()
+	if sent, err := try(); sent || err != nil {
+		t.Fatalf("TryInvoke with the one connection busy = %v, %v; want not sent", sent, err)
+	}
+	sc.answer(r.id, bools(true))
+	if res := wait(t, ch); res.err != nil {
+		t.Fatal(res.err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if sent, err := try(); !sent || err != nil {
+			t.Errorf("TryInvoke with the connection free = %v, %v", sent, err)
+		}
+	}()
+	r = sc.readRequest()
+	sc.answer(r.id, bools(true))
+	<-done
+	if n := s.dials.Load(); n != 1 {
+		t.Errorf("%d dials", n)
+	}
+}
+
 // Close wakes a call stuck on a silent server, and a call waiting for a
 // connection; both end with codes.Canceled wrapping ErrClosed. Later calls
 // are refused the same way.

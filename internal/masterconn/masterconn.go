@@ -234,15 +234,19 @@ func (c *Conn) BatchLookupEncoded(ctx context.Context, k encoded.Keys) ([]bool, 
 	return found, nil
 }
 
-// invokeLookup sends the encoded BatchLookup msg: lock-step, or through the
-// gRPC channel. Either way msg is sent (or freed) once.
+// invokeLookup sends the encoded BatchLookup msg: lock-step on a lookup
+// connection that is free, else (every one busy, or Options.GRPCLookups)
+// through the gRPC channel, which takes many calls at once. Either way msg
+// is sent (or freed) once.
 func (c *Conn) invokeLookup(ctx context.Context, msg *encoded.Message, resp proto.Message) error {
 	const method = umbppb.UMBPMaster_BatchLookup_FullMethodName
-	if c.lookups == nil {
-		return rpc.InvokeEncoded(ctx, c.cc, method, msg, resp)
+	if c.lookups != nil {
+		if sent, err := c.lookups.TryInvoke(ctx, method, msg.Bytes(), resp); sent {
+			msg.Free()
+			return err
+		}
 	}
-	defer msg.Free()
-	return c.lookups.Invoke(ctx, method, msg.Bytes(), resp)
+	return rpc.InvokeEncoded(ctx, c.cc, method, msg, resp)
 }
 
 // BatchLookup is EncodeKeys and BatchLookupEncoded.
