@@ -14,6 +14,7 @@ import (
 	"github.com/umbp-go/umbp-go/internal/server"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 	"github.com/umbp-go/umbp-go/umbp"
+	"github.com/umbp-go/umbp-go/umbp/umbptest"
 )
 
 // benchServer starts the Go server with its pool mapped up front, as a
@@ -245,6 +246,50 @@ func BenchmarkJobOverhead(b *testing.B) {
 				}
 				if err := e.w.Wait(ctx, job); err != nil {
 					b.Fatalf("%s: %v", what, err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkClusterLookup compares a cluster handle's Lookup, lock-step
+// (handle) and through grpc-go (handle-grpc), with the same BatchLookup made
+// directly on the generated stub, against one in-process master over TCP
+// loopback, for 1, 64 and 1024 keys, all of them held.
+func BenchmarkClusterLookup(b *testing.B) {
+	m := umbptest.NewMaster(b, umbptest.MasterOptions{ReaperInterval: -1})
+	raw := dialMaster(b, m.Addr())
+	keys := make([]string, 1024)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("cluster-bench-%04d", i)
+	}
+	newFakeNode(b, raw, "n1", keys)
+	cfg := clusterConfig(b, m.Addr())
+	cfg.LookupTimeout = time.Second
+	cfg.GRPCLookups = false
+	h := newClusterHandle(b, cfg)
+	cfg.GRPCLookups = true
+	hg := newClusterHandle(b, cfg)
+	ctx := context.Background()
+	for _, n := range []int{1, 64, 1024} {
+		keys := keys[:n]
+		for _, c := range []struct {
+			name string
+			h    *umbp.SchedulerHandle
+		}{{"handle", h}, {"handle-grpc", hg}} {
+			b.Run(fmt.Sprintf("keys=%d/%s", n, c.name), func(b *testing.B) {
+				for b.Loop() {
+					if got := c.h.Lookup(ctx, keys); !got[n-1] {
+						b.Fatal("miss")
+					}
+				}
+			})
+		}
+		b.Run(fmt.Sprintf("keys=%d/stub", n), func(b *testing.B) {
+			for b.Loop() {
+				resp, err := raw.BatchLookup(ctx, &umbppb.BatchLookupRequest{Keys: keys})
+				if err != nil || len(resp.Found) != n || !resp.Found[n-1] {
+					b.Fatal(err)
 				}
 			}
 		})

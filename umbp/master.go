@@ -294,14 +294,14 @@ func (b *masterBackend) probe(ctx context.Context) {
 // pick returns the usable replica not tried yet with the fewest calls in
 // flight, the one that answered last first among equals (a master process
 // asked call after call answers sooner than three asked in turn); nil when
-// there is none.
+// there is none. tried, when not nil, marks the replicas not to pick.
 func (b *masterBackend) pick(tried []bool) *replica {
 	n := len(b.replicas)
 	start := int(b.last.Load()) % n
 	var best *replica
 	for k := range n {
 		r := b.replicas[(start+k)%n]
-		if tried[r.idx] || !r.usable() {
+		if (tried != nil && tried[r.idx]) || !r.usable() {
 			continue
 		}
 		if best == nil || r.inflight.Load() < best.inflight.Load() {
@@ -330,6 +330,33 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, kind askKind
 		v     T
 		err   error
 		taken time.Duration
+	}
+	b.budget.deposit()
+	delay := b.hedgeAfter(kind)
+	hedging := delay > 0 && len(b.replicas) > 1
+	// first is the caller's attempt, made before anything below when
+	// nothing can hedge it (one replica, or hedges off): it runs bare, and
+	// what follows serves only its failure.
+	var first *answer
+	if inline && !hedging {
+		r := b.pick(nil)
+		if r == nil {
+			return zero, errReconnecting
+		}
+		r.inflight.Add(1)
+		r.calls.Add(1)
+		run := start(r)
+		began := time.Now()
+		actx, acancel := context.WithTimeout(ctx, b.rpcTimeout)
+		v, err := run(actx)
+		acancel()
+		r.inflight.Add(-1)
+		taken := time.Since(began)
+		if err == nil {
+			b.answered(r, kind, taken)
+			return v, nil
+		}
+		first = &answer{r, v, err, taken}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -375,12 +402,14 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, kind askKind
 		}()
 		return true
 	}
-	b.budget.deposit()
-	delay := b.hedgeAfter(kind)
-	hedging := delay > 0 && len(b.replicas) > 1
 	pending := 0
 	var hedge <-chan time.Time
-	if inline {
+	switch {
+	case first != nil:
+		tried[first.r.idx] = true
+		pending = 1
+		answers <- *first
+	case inline:
 		r := pick(false)
 		if r == nil {
 			return zero, errReconnecting
@@ -412,7 +441,7 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, kind askKind
 		}
 		cancelOwn()
 		answers <- a
-	} else {
+	default:
 		if !launch(false) {
 			return zero, errReconnecting
 		}
@@ -435,13 +464,7 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, kind askKind
 			}
 			answered[a.r.idx] = true
 			if a.err == nil {
-				a.r.wins.Add(1)
-				a.r.observe(a.taken)
-				b.last.Store(int32(a.r.idx))
-				if kind != askProbe {
-					b.observe(kind, a.taken)
-				}
-				a.r.overtaken.Store(0)
+				b.answered(a.r, kind, a.taken)
 				for i, r := range b.replicas {
 					if tried[i] && !answered[i] && r.overtaken.Add(1) >= overtakenLimit {
 						// Still asking, call after call, when another
@@ -488,6 +511,17 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, kind askKind
 			return zero, ctx.Err()
 		}
 	}
+}
+
+// answered counts an answer r gave to a call of kind in taken.
+func (b *masterBackend) answered(r *replica, kind askKind, taken time.Duration) {
+	r.wins.Add(1)
+	r.observe(taken)
+	b.last.Store(int32(r.idx))
+	if kind != askProbe {
+		b.observe(kind, taken)
+	}
+	r.overtaken.Store(0)
 }
 
 // askKind is what a call asks: each kind has its own hedge delay.
