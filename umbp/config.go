@@ -230,7 +230,8 @@ type ClusterConfig struct {
 	// that answered last among equals) and, when it has not answered
 	// within the hedge delay, to a second; a replica that stalls or
 	// refuses is set aside and probed back, and a call that overran
-	// LookupTimeout on one is followed at once by a probe of the others.
+	// LookupTimeout on one is followed at once by a probe of them all:
+	// the next calls go to those that answer.
 	Masters []string
 	// HedgeDelay is how long a call waits for one replica before it asks
 	// a second one too (the first good answer wins); a kind of call that

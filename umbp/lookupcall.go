@@ -72,6 +72,11 @@ type lookupSource interface {
 	// followed by askAgain too: the master's, whose other replicas may
 	// answer while the call waits on one.
 	probesReplicas() bool
+	// othersAnswer reports whether, a call having overrun, another
+	// replica is there to answer the next: one answered within d (while
+	// the call waited), none of whose calls ended unanswered since. Then
+	// the overrun holds no call off; its probe runs all the same.
+	othersAnswer(d time.Duration) bool
 }
 
 var (
@@ -96,9 +101,11 @@ type caller struct {
 	// Later calls are held off (they fail at once) while a call that
 	// overran has not returned (unanswered, the Done channel of a detached
 	// call) and, where there is one, no probe since has been answered
-	// (probe, the Done channel of the probe overran started).
+	// (probe, the Done channel of the probe overran started, when
+	// probeHolds: no other replica was there to answer).
 	unanswered <-chan struct{}
 	probe      <-chan struct{}
+	probeHolds bool
 	closed     bool
 	done       chan struct{} // closed by close
 }
@@ -119,13 +126,17 @@ func newLookupPool() (*daemonpool.Pool, error) {
 
 // heldOffLocked reports whether calls are held off now; c.mu is held.
 func (c *caller) heldOffLocked() bool {
+	probe := c.probe
+	if !c.probeHolds {
+		probe = nil
+	}
 	switch {
-	case c.unanswered != nil && c.probe != nil:
-		return !isDone(c.unanswered) && !isDone(c.probe)
+	case c.unanswered != nil && probe != nil:
+		return !isDone(c.unanswered) && !isDone(probe)
 	case c.unanswered != nil:
 		return !isDone(c.unanswered)
-	case c.probe != nil:
-		return !isDone(c.probe)
+	case probe != nil:
+		return !isDone(probe)
 	}
 	return false
 }
@@ -163,7 +174,10 @@ func call[T any](ctx context.Context, c *caller, what string, kind callKind, fn 
 		c.mu.Unlock()
 		return zero, errUnanswered
 	}
-	c.unanswered, c.probe = nil, nil
+	c.unanswered = nil
+	if c.probeHolds || (c.probe != nil && isDone(c.probe)) {
+		c.probe = nil // a probe out that holds nothing off is kept: one at a time
+	}
 	if kind != callOther && src.inline() {
 		c.mu.Unlock()
 		return callInline(ctx, c, what, src, kind, fn)
@@ -237,7 +251,10 @@ func callInline[T any](ctx context.Context, c *caller, what string, src lookupSo
 // until a probe answers where there is one. A probe (src.askAgain, on a
 // detached goroutine, with no bound) follows a lock-step call (stuck nil:
 // it was ended), and any call to the master's replicas, where it finds
-// another replica that answers at once. pool, when not nil, is the pool
+// another replica that answers at once. A lock-step call to the master's
+// replicas holds nothing off while another replica answers
+// (src.othersAnswer): its probe only sets the silent aside. pool, when
+// not nil, is the pool
 // stuck runs on: a call on a pool replaced meanwhile holds nothing up (its
 // connection is closed).
 func (c *caller) overran(src lookupSource, pool *daemonpool.Pool, kind callKind, stuck <-chan struct{}) {
@@ -249,10 +266,23 @@ func (c *caller) overran(src lookupSource, pool *daemonpool.Pool, kind callKind,
 	if now, err := c.backend.session(); err != nil || now != src {
 		return // replaced, or reconnecting: nothing to hold off
 	}
-	c.unanswered, c.probe = stuck, nil
+	// A lock-step call that overran has returned, its replicas marked
+	// suspect: others that answered meanwhile take the next calls. A
+	// detached one is still waiting, on a replica not known here: it
+	// holds calls off.
+	hold := stuck != nil || !src.othersAnswer(c.timeout)
+	c.unanswered = stuck
 	if stuck != nil && !src.probesReplicas() {
+		c.probe = nil
 		return
 	}
+	if c.probe != nil && !isDone(c.probe) {
+		// A probe out already asks every replica: it now holds calls
+		// off if this one must.
+		c.probeHolds = c.probeHolds || hold
+		return
+	}
+	c.probe, c.probeHolds = nil, hold
 	prefix := kind == callPrefix
 	f, err := daemonpool.Submit(c.calls, func() (struct{}, error) {
 		for pause := time.Duration(0); ; {
@@ -300,7 +330,7 @@ func (c *caller) reset() {
 		pool.Shutdown() // close shut the old one down
 		return
 	}
-	c.calls, c.unanswered, c.probe = pool, nil, nil
+	c.calls, c.unanswered, c.probe, c.probeHolds = pool, nil, nil, false
 	c.mu.Unlock()
 	old.Shutdown()
 }

@@ -61,12 +61,27 @@ type replica struct {
 	aside     atomic.Bool  // stalled or refusing: probed back
 	overtaken atomic.Int32 // calls in a row another replica answered first
 	inflight  atomic.Int32
+	// suspect is when a call to it last ended unanswered (Unix ns), 0
+	// once it answered since: picked only when no other is usable, until
+	// it answers or suspectFor passes.
+	suspect atomic.Int64
+	// answeredAt is when it last answered a call or a probe (Unix ns).
+	answeredAt atomic.Int64
 
 	calls, hedges, wins, setAsides atomic.Uint64
 	latency                        atomic.Int64 // of its answers, a moving average, ns
 }
 
 func (r *replica) usable() bool { return r.up.Load() && !r.aside.Load() }
+
+// healthy reports whether r is usable and not suspect.
+func (r *replica) healthy() bool {
+	if !r.usable() {
+		return false
+	}
+	s := r.suspect.Load()
+	return s == 0 || time.Now().UnixNano()-s > int64(suspectFor)
+}
 
 // errStoreUnavailable is a call every replica asked answered with its
 // metadata store unavailable (MORI's Redis-backed master).
@@ -281,6 +296,9 @@ func (b *masterBackend) probe(ctx context.Context) {
 				pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 				err := r.c.ProbeLookup(pctx)
 				cancel()
+				if err == nil {
+					r.alive()
+				}
 				if err == nil && r.aside.CompareAndSwap(true, false) {
 					b.log.Debug("UMBP master replica answers again", "replica", r.addr)
 					b.update()
@@ -293,22 +311,49 @@ func (b *masterBackend) probe(ctx context.Context) {
 
 // pick returns the usable replica not tried yet with the fewest calls in
 // flight, the one that answered last first among equals (a master process
-// asked call after call answers sooner than three asked in turn); nil when
-// there is none. tried, when not nil, marks the replicas not to pick.
+// asked call after call answers sooner than three asked in turn), a
+// suspect one only when no other is usable; nil when there is none.
+// tried, when not nil, marks the replicas not to pick.
 func (b *masterBackend) pick(tried []bool) *replica {
 	n := len(b.replicas)
 	start := int(b.last.Load()) % n
-	var best *replica
+	var best, suspect *replica
 	for k := range n {
 		r := b.replicas[(start+k)%n]
 		if (tried != nil && tried[r.idx]) || !r.usable() {
+			continue
+		}
+		if !r.healthy() {
+			if suspect == nil || r.inflight.Load() < suspect.inflight.Load() {
+				suspect = r
+			}
 			continue
 		}
 		if best == nil || r.inflight.Load() < best.inflight.Load() {
 			best = r
 		}
 	}
+	if best == nil {
+		return suspect
+	}
 	return best
+}
+
+// alive records that r answered now: not suspect.
+func (r *replica) alive() {
+	r.answeredAt.Store(time.Now().UnixNano())
+	r.suspect.Store(0)
+}
+
+// unanswered marks suspect the replicas a call asked (tried) that had not
+// answered (answered) when its context ended.
+func (b *masterBackend) unanswered(tried, answered []bool) {
+	now := time.Now().UnixNano()
+	for i, r := range b.replicas {
+		if tried[i] && !answered[i] {
+			r.suspect.Store(now)
+		}
+	}
 }
 
 // ask runs fn on one usable replica, bounded by Timeout; a second one when
@@ -460,7 +505,9 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, kind askKind
 		case a := <-answers:
 			pending--
 			if a.err != nil && ctx.Err() != nil {
-				return zero, ctx.Err() // the caller's own attempt, ended with ctx
+				// The caller's own attempt, ended with ctx.
+				b.unanswered(tried, answered)
+				return zero, ctx.Err()
 			}
 			answered[a.r.idx] = true
 			if a.err == nil {
@@ -508,6 +555,7 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, kind askKind
 				pending++
 			}
 		case <-ctx.Done():
+			b.unanswered(tried, answered)
 			return zero, ctx.Err()
 		}
 	}
@@ -516,6 +564,7 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, kind askKind
 // answered counts an answer r gave to a call of kind in taken.
 func (b *masterBackend) answered(r *replica, kind askKind, taken time.Duration) {
 	r.wins.Add(1)
+	r.alive()
 	r.observe(taken)
 	b.last.Store(int32(r.idx))
 	if kind != askProbe {
@@ -713,6 +762,18 @@ func (b *masterBackend) inline() bool { return b.lockStep }
 
 func (b *masterBackend) probesReplicas() bool { return true }
 
+// othersAnswer: a replica is healthy (no call to it has ended unanswered
+// since it last answered) and answered within d.
+func (b *masterBackend) othersAnswer(d time.Duration) bool {
+	since := time.Now().Add(-d).UnixNano()
+	for _, r := range b.replicas {
+		if r.healthy() && r.answeredAt.Load() > since {
+			return true
+		}
+	}
+	return false
+}
+
 // askAgain asks every usable replica at once for a lookup of no key, after
 // a call overran: the first to answer (or to say its store is down: it is
 // alive) ends it, and of the others those still silent attachGrace later
@@ -751,6 +812,7 @@ func (b *masterBackend) askAgain(ctx context.Context, _ bool) error {
 			}
 			continue
 		}
+		x.r.alive()
 		if x.err != nil {
 			b.storeDown(x.err)
 		} else {
@@ -791,6 +853,9 @@ wait:
 		select {
 		case x := <-results:
 			delete(silent, x.r)
+			if x.err == nil || isStoreFault(x.err) {
+				x.r.alive()
+			}
 		case <-grace.C:
 			break wait
 		}

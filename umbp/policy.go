@@ -80,8 +80,11 @@ const masterConnectTimeout = 20 * time.Second
 // A handle's first attach to the replicas gives the others attachGrace once
 // one has answered; those still silent are set aside and probed back. A
 // replica another answered before overtakenLimit calls in a row is set
-// aside too.
+// aside too. A replica a call's context ended on unanswered is suspect:
+// asked only when no other is usable, until it answers (the probe that
+// follows asks it) or suspectFor passes.
 const (
+	suspectFor     = time.Second
 	attachGrace    = 100 * time.Millisecond
 	overtakenLimit = 3
 	probeInterval  = 250 * time.Millisecond

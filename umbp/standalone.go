@@ -92,8 +92,9 @@ func (s standaloneSource) ping(ctx context.Context) (ServerCapabilities, error) 
 	return capabilitiesOf(caps), s.failed(err)
 }
 
-func (s standaloneSource) inline() bool         { return s.c.LockStepLookups() }
-func (s standaloneSource) probesReplicas() bool { return false }
+func (s standaloneSource) inline() bool                    { return s.c.LockStepLookups() }
+func (s standaloneSource) probesReplicas() bool            { return false }
+func (s standaloneSource) othersAnswer(time.Duration) bool { return false }
 
 func (s standaloneSource) askAgain(ctx context.Context, prefix bool) error {
 	return s.failed(s.c.ProbeLookup(ctx, prefix))
