@@ -252,9 +252,9 @@ type ClusterConfig struct {
 	// LookupTimeout bounds each call, as Config.LookupTimeout does. Zero
 	// means DefaultLookupTimeout.
 	LookupTimeout time.Duration
-	// Timeout bounds Close and each call's RPC at the master: a call that
-	// overran LookupTimeout holds later calls off (they answer misses at
-	// once) until it returns or Timeout passes. Zero means DefaultTimeout.
+	// Timeout bounds Close and each RPC to a replica; a call whose caller
+	// stopped waiting at LookupTimeout is ended then. Zero means
+	// DefaultTimeout.
 	Timeout time.Duration
 	// StartupTimeout bounds the wait for the master to answer when a handle
 	// is made. Zero means DefaultStartupTimeout.

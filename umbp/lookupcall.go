@@ -186,8 +186,23 @@ func call[T any](ctx context.Context, c *caller, what string, kind callKind, fn 
 	// The RPC itself carries no deadline: a deadline costs a timer on
 	// both sides of every call (measured: about a third of a 1024-key
 	// lookup), and a call that overran is waited out rather than repeated
-	// anyway.
-	f, err := daemonpool.Submit(pool, func() (T, error) { return fn(context.Background(), src) })
+	// anyway. On the master's replicas, others answer the next call: one
+	// that overran is ended instead (end), which marks the replicas it
+	// asked suspect, and then settles what it holds off (ended).
+	dctx, end := context.Background(), context.CancelFunc(nil)
+	var stopped atomic.Bool
+	if src.probesReplicas() {
+		dctx, end = context.WithCancel(context.Background())
+		defer end()
+	}
+	var f *daemonpool.Future[T]
+	f, err = daemonpool.Submit(pool, func() (T, error) {
+		v, err := fn(dctx, src)
+		if stopped.Load() {
+			c.ended(src, pool, kind, f.Done())
+		}
+		return v, err
+	})
 	c.mu.Unlock()
 	if err != nil {
 		return zero, err
@@ -206,7 +221,12 @@ func call[T any](ctx context.Context, c *caller, what string, kind callKind, fn 
 	default:
 	}
 	if !f.Cancel() { // a call that never started holds nothing up
-		c.overran(src, pool, kind, f.Done())
+		if end != nil {
+			stopped.Store(true)
+			c.holdWhile(src, pool, kind, f.Done())
+		} else {
+			c.overran(src, pool, kind, f.Done())
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return zero, fmt.Errorf("%s: %w", what, err)
@@ -305,6 +325,32 @@ func (c *caller) overran(src lookupSource, pool *daemonpool.Pool, kind callKind,
 	if err == nil {
 		c.probe = f.Done()
 	}
+}
+
+// holdWhile is overran for a detached call to the master's replicas that
+// its caller stopped waiting for and is ending (done is its Done channel):
+// which replica holds it up is known only once it returns (ended), so it
+// holds nothing off if another replica answered within half the timeout,
+// while it waited (none it waits on has answered since it began, or it
+// would not be waiting).
+func (c *caller) holdWhile(src lookupSource, pool *daemonpool.Pool, kind callKind, done <-chan struct{}) {
+	if src.othersAnswer(c.timeout / 2) {
+		return
+	}
+	c.overran(src, pool, kind, done)
+}
+
+// ended settles what a detached call to the master's replicas holds off,
+// once it returns, ended by its caller that stopped waiting (done is its
+// Done channel, closed just after): the replicas it asked are suspect now,
+// so overran can tell whether others answer.
+func (c *caller) ended(src lookupSource, pool *daemonpool.Pool, kind callKind, done <-chan struct{}) {
+	c.mu.Lock()
+	if c.unanswered == done {
+		c.unanswered = nil
+	}
+	c.mu.Unlock()
+	c.overran(src, pool, kind, nil)
 }
 
 // gone reports whether calls no longer go to src.
