@@ -167,9 +167,10 @@ func TestClusterStalledMasterMissesThenFailsFast(t *testing.T) {
 	if h.Stats().Lookups.Timeouts != 1 {
 		t.Errorf("Timeouts = %d, want 1", h.Stats().Lookups.Timeouts)
 	}
-	// The call that overran (ended, when lock-step) left a probe (a
-	// lookup of no key) in flight, which the master sees.
-	want := before + 2
+	// The call that overran was ended, and left in flight a probe (a
+	// lookup of no key) and a check of the store (a lookup of one key),
+	// which the master sees.
+	want := before + 3
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second) // does not hang
 	defer cancel()
 	if err := m.WaitCalls(wctx, "BatchLookup", want); err != nil {

@@ -47,6 +47,9 @@ type masterBackend struct {
 	// sets its hedge delay.
 	lat  [numAskKinds]atomic.Int64
 	kick chan struct{} // wakes the prober
+	// storeCheck takes a replica a call left unanswered to storeChecks,
+	// which asks it what reads the store.
+	storeCheck chan *replica
 	stop context.CancelFunc
 	wg   sync.WaitGroup
 }
@@ -87,6 +90,10 @@ func (r *replica) healthy() bool {
 // metadata store unavailable (MORI's Redis-backed master).
 var errStoreUnavailable = errors.New("the master's metadata store is unavailable")
 
+// storeCheckKey is the key storeChecks looks up: a lookup of no key never
+// reads the store.
+const storeCheckKey = "umbp-go-store-check"
+
 // storeUnavailableText is how MORI's replicas say their store failed.
 const storeUnavailableText = "metadata store unavailable"
 
@@ -107,6 +114,7 @@ func newMasterBackend(ctx context.Context, cfg ClusterConfig) (*masterBackend, e
 		lockStep:   !cfg.GRPCLookups,
 		log:        cfg.Logger,
 		kick:       make(chan struct{}, 1),
+		storeCheck: make(chan *replica, 1),
 	}
 	b.budget.tokens = hedgeBurst
 	for i, addr := range cfg.Masters {
@@ -185,6 +193,7 @@ func newMasterBackend(ctx context.Context, cfg ClusterConfig) (*masterBackend, e
 		b.wg.Go(func() { b.watch(wctx, r) })
 	}
 	b.wg.Go(func() { b.probe(wctx) })
+	b.wg.Go(func() { b.storeChecks(wctx) })
 	return b, nil
 }
 
@@ -346,12 +355,39 @@ func (r *replica) alive() {
 }
 
 // unanswered marks suspect the replicas a call asked (tried) that had not
-// answered (answered) when its context ended.
+// answered (answered) when its context ended, and has the store checked
+// through one of them.
 func (b *masterBackend) unanswered(tried, answered []bool) {
 	now := time.Now().UnixNano()
 	for i, r := range b.replicas {
 		if tried[i] && !answered[i] {
 			r.suspect.Store(now)
+			select {
+			case b.storeCheck <- r:
+			default: // a check is due already
+			}
+		}
+	}
+}
+
+// storeChecks asks each replica it is given a lookup of one key, bounded
+// by Timeout, one at a time, and says (storeDown) when the replica answers
+// that its store is unavailable. A store stalled under MORI's replicas
+// answers so only after its own timeout (1 s), often after the caller
+// stopped waiting and ended the call; the probe that follows, a lookup of
+// no key, never reads the store, and answers.
+func (b *masterBackend) storeChecks(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case r := <-b.storeCheck:
+			cctx, cancel := context.WithTimeout(ctx, b.rpcTimeout)
+			_, err := r.c.BatchLookup(cctx, []string{storeCheckKey})
+			cancel()
+			if isStoreFault(err) {
+				b.storeDown(err)
+			}
 		}
 	}
 }
@@ -627,7 +663,7 @@ func (b *masterBackend) storeDown(err error) {
 	if i := strings.Index(said, storeUnavailableText); i >= 0 {
 		said = said[i:]
 	}
-	b.log.Warn("UMBP master's metadata store is unavailable (every replica asked says so); lookups answer misses until it is back",
+	b.log.Warn("UMBP master's metadata store is unavailable (a replica says so); lookups answer misses until it is back",
 		"masters", b.masters, "said", said)
 }
 

@@ -436,9 +436,15 @@ func (s *Service) dropBlocksLocked(node string) {
 }
 
 // BatchLookup answers, per key, whether any node holds it on any tier. It
-// touches nothing; any number of keys (up to the 64 MiB message limit).
+// touches nothing; any number of keys (up to the 64 MiB message limit). A
+// lookup of no key is answered without the store, as MORI's is (its
+// store's BatchExistsBlock returns before it asks Redis): it answers
+// during a store outage too.
 func (s *Service) BatchLookup(ctx context.Context, req *umbppb.BatchLookupRequest) (*umbppb.BatchLookupResponse, error) {
 	found := make([]bool, len(req.GetKeys()))
+	if len(found) == 0 {
+		return &umbppb.BatchLookupResponse{}, nil
+	}
 	if nothing, err := s.store(ctx, "BatchLookup", true); err != nil || nothing {
 		if err != nil {
 			return nil, err

@@ -202,6 +202,10 @@ func TestOutageStopped(t *testing.T) {
 			t.Fatalf("%s failed after %v, before the store's timeout", c.name, d)
 		}
 	}
+	// A lookup of no key does not touch the store: it answers at once.
+	if r, err := s.BatchLookup(ctx, &umbppb.BatchLookupRequest{}); err != nil || len(r.GetFound()) != 0 {
+		t.Fatalf("a lookup of no key with the store stopped: %v, %v", r, err)
+	}
 	s.SetOutage(StoreUp)
 	wantIntact(t, s)
 
