@@ -50,8 +50,8 @@ type masterBackend struct {
 	// storeCheck takes a replica a call left unanswered to storeChecks,
 	// which asks it what reads the store.
 	storeCheck chan *replica
-	stop context.CancelFunc
-	wg   sync.WaitGroup
+	stop       context.CancelFunc
+	wg         sync.WaitGroup
 }
 
 // replica is one master replica's channel, its health and its counters.
