@@ -50,8 +50,11 @@ type masterBackend struct {
 	// storeCheck takes a replica a call left unanswered to storeChecks,
 	// which asks it what reads the store.
 	storeCheck chan *replica
-	stop       context.CancelFunc
-	wg         sync.WaitGroup
+	// storeOut: a replica said its store is unavailable, and no check of
+	// the store has answered since; calls answer misses at once.
+	storeOut atomic.Bool
+	stop     context.CancelFunc
+	wg       sync.WaitGroup
 }
 
 // replica is one master replica's channel, its health and its counters.
@@ -376,19 +379,42 @@ func (b *masterBackend) unanswered(tried, answered []bool) {
 // answers so only after its own timeout (1 s), often after the caller
 // stopped waiting and ended the call; the probe that follows, a lookup of
 // no key, never reads the store, and answers.
+//
+// While the store is out (storeOut), it checks again every probeInterval,
+// through the replicas in turn, until a check is answered otherwise.
 func (b *masterBackend) storeChecks(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case r := <-b.storeCheck:
-			cctx, cancel := context.WithTimeout(ctx, b.rpcTimeout)
-			_, err := r.c.BatchLookup(cctx, []string{storeCheckKey})
-			cancel()
-			if isStoreFault(err) {
-				b.storeDown(err)
+	var r *replica
+	for next := 0; ; next++ {
+		if r == nil {
+			select {
+			case <-ctx.Done():
+				return
+			case r = <-b.storeCheck:
 			}
 		}
+		cctx, cancel := context.WithTimeout(ctx, b.rpcTimeout)
+		_, err := r.c.BatchLookup(cctx, []string{storeCheckKey})
+		cancel()
+		r = nil
+		if !isStoreFault(err) {
+			if b.storeOut.CompareAndSwap(true, false) {
+				b.log.Debug("UMBP master's metadata store answers again", "masters", b.masters)
+			}
+			continue
+		}
+		b.storeDown(err)
+		select {
+		case <-b.storeCheck: // this loop watches already
+		default:
+		}
+		t := time.NewTimer(probeInterval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		r = b.replicas[next%len(b.replicas)]
 	}
 }
 
@@ -411,6 +437,9 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, kind askKind
 		v     T
 		err   error
 		taken time.Duration
+	}
+	if b.storeOut.Load() {
+		return zero, errStoreUnavailable
 	}
 	b.budget.deposit()
 	delay := b.hedgeAfter(kind)
@@ -651,8 +680,15 @@ func (b *masterBackend) observe(kind askKind, d time.Duration) {
 
 // storeDown says, at most every failureLogInterval, that the master's
 // store is unavailable: the store's fault, every replica's alike, so it
-// names the store (the masters), not a replica.
+// names the store (the masters), not a replica. Calls answer misses at
+// once until a check of the store is answered (storeChecks).
 func (b *masterBackend) storeDown(err error) {
+	if !b.storeOut.Swap(true) {
+		select {
+		case b.storeCheck <- b.replicas[0]: // watch for its return
+		default:
+		}
+	}
 	if !b.storeWarn.allow() {
 		return
 	}

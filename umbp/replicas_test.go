@@ -334,6 +334,16 @@ func TestStoreOutageIsOneFault(t *testing.T) {
 	}
 	// The calls that overran end at the store's timeout with its error.
 	waitFor(t, "the store's warning", func() bool { return strings.Contains(logs.String(), "metadata store is unavailable") })
+	// Said once, the store's outage is a miss at once.
+	for range 10 {
+		start := time.Now()
+		if got := h.Lookup(context.Background(), p.keys); got[0] {
+			t.Fatal("a hit while the store is stopped")
+		}
+		if d := time.Since(start); d >= cfg.LookupTimeout/2 {
+			t.Fatalf("a lookup took %v once the store's outage was said, want a miss at once", d)
+		}
+	}
 	p.m.RestoreStore()
 	back := time.Now()
 	waitFor(t, "hits once the store is back", func() bool { return h.Lookup(context.Background(), p.keys)[0] })
