@@ -11,9 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/status"
 
 	"github.com/umbp-go/umbp-go/internal/encoded"
 	"github.com/umbp-go/umbp-go/internal/masterconn"
@@ -39,7 +37,7 @@ type masterBackend struct {
 	lockStep   bool // BatchLookup is lock-step (not ClusterConfig.GRPCLookups)
 	log        *slog.Logger
 	budget     hedgeBudget
-	storeWarn  logLimiter
+	store      *storeWatch
 
 	st   connState
 	last atomic.Int32 // the replica that answered last: the next pick starts there
@@ -47,63 +45,8 @@ type masterBackend struct {
 	// sets its hedge delay.
 	lat  [numAskKinds]atomic.Int64
 	kick chan struct{} // wakes the prober
-	// storeCheck takes a replica a call left unanswered to storeChecks,
-	// which asks it what reads the store.
-	storeCheck chan *replica
-	// storeOut: a replica said its store is unavailable, and no check of
-	// the store has answered since; calls answer misses at once.
-	storeOut atomic.Bool
-	stop     context.CancelFunc
-	wg       sync.WaitGroup
-}
-
-// replica is one master replica's channel, its health and its counters.
-type replica struct {
-	idx  int
-	addr string
-	c    *masterconn.Conn
-
-	up        atomic.Bool  // the channel is READY (or settling after its first answer)
-	aside     atomic.Bool  // stalled or refusing: probed back
-	overtaken atomic.Int32 // calls in a row another replica answered first
-	inflight  atomic.Int32
-	// suspect is when a call to it last ended unanswered (Unix ns), 0
-	// once it answered since: picked only when no other is usable, until
-	// it answers or suspectFor passes.
-	suspect atomic.Int64
-	// answeredAt is when it last answered a call or a probe (Unix ns).
-	answeredAt atomic.Int64
-
-	calls, hedges, wins, setAsides atomic.Uint64
-	latency                        atomic.Int64 // of its answers, a moving average, ns
-}
-
-func (r *replica) usable() bool { return r.up.Load() && !r.aside.Load() }
-
-// healthy reports whether r is usable and not suspect.
-func (r *replica) healthy() bool {
-	if !r.usable() {
-		return false
-	}
-	s := r.suspect.Load()
-	return s == 0 || time.Now().UnixNano()-s > int64(suspectFor)
-}
-
-// errStoreUnavailable is a call every replica asked answered with its
-// metadata store unavailable (MORI's Redis-backed master).
-var errStoreUnavailable = errors.New("the master's metadata store is unavailable")
-
-// storeCheckKey is the key storeChecks looks up: a lookup of no key never
-// reads the store.
-const storeCheckKey = "umbp-go-store-check"
-
-// storeUnavailableText is how MORI's replicas say their store failed.
-const storeUnavailableText = "metadata store unavailable"
-
-// isStoreFault reports whether err is a replica saying its store failed.
-func isStoreFault(err error) bool {
-	s, ok := status.FromError(err)
-	return ok && s.Code() == codes.Unavailable && strings.Contains(s.Message(), storeUnavailableText)
+	stop context.CancelFunc
+	wg   sync.WaitGroup
 }
 
 // newMasterBackend opens a channel to every replica and waits, at most
@@ -117,7 +60,6 @@ func newMasterBackend(ctx context.Context, cfg ClusterConfig) (*masterBackend, e
 		lockStep:   !cfg.GRPCLookups,
 		log:        cfg.Logger,
 		kick:       make(chan struct{}, 1),
-		storeCheck: make(chan *replica, 1),
 	}
 	b.budget.tokens = hedgeBurst
 	for i, addr := range cfg.Masters {
@@ -138,6 +80,7 @@ func newMasterBackend(ctx context.Context, cfg ClusterConfig) (*masterBackend, e
 		}
 		b.replicas = append(b.replicas, &replica{idx: i, addr: addr, c: c})
 	}
+	b.store = newStoreWatch(b.replicas, b.masters, cfg.Timeout, cfg.Logger)
 	// Every replica is asked at once; once one has answered, the others
 	// get attachGrace more, then are set aside and probed back.
 	pctx, cancel := context.WithCancel(ctx)
@@ -196,7 +139,7 @@ func newMasterBackend(ctx context.Context, cfg ClusterConfig) (*masterBackend, e
 		b.wg.Go(func() { b.watch(wctx, r) })
 	}
 	b.wg.Go(func() { b.probe(wctx) })
-	b.wg.Go(func() { b.storeChecks(wctx) })
+	b.wg.Go(func() { b.store.run(wctx) })
 	return b, nil
 }
 
@@ -321,40 +264,9 @@ func (b *masterBackend) probe(ctx context.Context) {
 	}
 }
 
-// pick returns the usable replica not tried yet with the fewest calls in
-// flight, the one that answered last first among equals (a master process
-// asked call after call answers sooner than three asked in turn), a
-// suspect one only when no other is usable; nil when there is none.
-// tried, when not nil, marks the replicas not to pick.
+// pick is pickReplica over b's replicas.
 func (b *masterBackend) pick(tried []bool) *replica {
-	n := len(b.replicas)
-	start := int(b.last.Load()) % n
-	var best, suspect *replica
-	for k := range n {
-		r := b.replicas[(start+k)%n]
-		if (tried != nil && tried[r.idx]) || !r.usable() {
-			continue
-		}
-		if !r.healthy() {
-			if suspect == nil || r.inflight.Load() < suspect.inflight.Load() {
-				suspect = r
-			}
-			continue
-		}
-		if best == nil || r.inflight.Load() < best.inflight.Load() {
-			best = r
-		}
-	}
-	if best == nil {
-		return suspect
-	}
-	return best
-}
-
-// alive records that r answered now: not suspect.
-func (r *replica) alive() {
-	r.answeredAt.Store(time.Now().UnixNano())
-	r.suspect.Store(0)
+	return pickReplica(b.replicas, int(b.last.Load()), tried)
 }
 
 // unanswered marks suspect the replicas a call asked (tried) that had not
@@ -365,56 +277,8 @@ func (b *masterBackend) unanswered(tried, answered []bool) {
 	for i, r := range b.replicas {
 		if tried[i] && !answered[i] {
 			r.suspect.Store(now)
-			select {
-			case b.storeCheck <- r:
-			default: // a check is due already
-			}
+			b.store.suspect(r)
 		}
-	}
-}
-
-// storeChecks asks each replica it is given a lookup of one key, bounded
-// by Timeout, one at a time, and says (storeDown) when the replica answers
-// that its store is unavailable. A store stalled under MORI's replicas
-// answers so only after its own timeout (1 s), often after the caller
-// stopped waiting and ended the call; the probe that follows, a lookup of
-// no key, never reads the store, and answers.
-//
-// While the store is out (storeOut), it checks again every probeInterval,
-// through the replicas in turn, until a check is answered otherwise.
-func (b *masterBackend) storeChecks(ctx context.Context) {
-	var r *replica
-	for next := 0; ; next++ {
-		if r == nil {
-			select {
-			case <-ctx.Done():
-				return
-			case r = <-b.storeCheck:
-			}
-		}
-		cctx, cancel := context.WithTimeout(ctx, b.rpcTimeout)
-		_, err := r.c.BatchLookup(cctx, []string{storeCheckKey})
-		cancel()
-		r = nil
-		if !isStoreFault(err) {
-			if b.storeOut.CompareAndSwap(true, false) {
-				b.log.Debug("UMBP master's metadata store answers again", "masters", b.masters)
-			}
-			continue
-		}
-		b.storeDown(err)
-		select {
-		case <-b.storeCheck: // this loop watches already
-		default:
-		}
-		t := time.NewTimer(probeInterval)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		r = b.replicas[next%len(b.replicas)]
 	}
 }
 
@@ -438,7 +302,7 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, kind askKind
 		err   error
 		taken time.Duration
 	}
-	if b.storeOut.Load() {
+	if b.store.out.Load() {
 		return zero, errStoreUnavailable
 	}
 	b.budget.deposit()
@@ -606,7 +470,7 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, kind askKind
 			}
 			if pending == 0 {
 				if stores == len(errs) {
-					b.storeDown(a.err)
+					b.store.down(a.err)
 					return zero, fmt.Errorf("%w: %w", errStoreUnavailable, errors.Join(errs...))
 				}
 				if len(errs) == 1 {
@@ -676,64 +540,6 @@ func (b *masterBackend) observe(kind askKind, d time.Duration) {
 	}
 	v := min(int64(d), 4*cur)
 	l.Store(cur + (v-cur)/8)
-}
-
-// storeDown says, at most every failureLogInterval, that the master's
-// store is unavailable: the store's fault, every replica's alike, so it
-// names the store (the masters), not a replica. Calls answer misses at
-// once until a check of the store is answered (storeChecks).
-func (b *masterBackend) storeDown(err error) {
-	if !b.storeOut.Swap(true) {
-		select {
-		case b.storeCheck <- b.replicas[0]: // watch for its return
-		default:
-		}
-	}
-	if !b.storeWarn.allow() {
-		return
-	}
-	said := err.Error()
-	if s, ok := status.FromError(err); ok {
-		said = s.Message()
-	}
-	if i := strings.Index(said, storeUnavailableText); i >= 0 {
-		said = said[i:]
-	}
-	b.log.Warn("UMBP master's metadata store is unavailable (a replica says so); lookups answer misses until it is back",
-		"masters", b.masters, "said", said)
-}
-
-// observe folds one answer's time into r's moving average.
-func (r *replica) observe(d time.Duration) {
-	old := r.latency.Load()
-	if old == 0 {
-		r.latency.Store(int64(d))
-		return
-	}
-	r.latency.Store(old + (int64(d)-old)/8)
-}
-
-// hedgeBudget bounds hedges as gRFC A6's throttling does: every call
-// deposits hedgeRatio tokens, up to hedgeBurst; a hedge takes one.
-type hedgeBudget struct {
-	mu     sync.Mutex
-	tokens float64
-}
-
-func (h *hedgeBudget) deposit() {
-	h.mu.Lock()
-	h.tokens = min(h.tokens+hedgeRatio, hedgeBurst)
-	h.mu.Unlock()
-}
-
-func (h *hedgeBudget) take() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.tokens < 1 {
-		return false
-	}
-	h.tokens--
-	return true
 }
 
 // --- lookupBackend ----------------------------------------------------------
@@ -886,7 +692,7 @@ func (b *masterBackend) askAgain(ctx context.Context, _ bool) error {
 		}
 		x.r.alive()
 		if x.err != nil {
-			b.storeDown(x.err)
+			b.store.down(x.err)
 		} else {
 			b.last.Store(int32(x.r.idx))
 		}
