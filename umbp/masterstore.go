@@ -69,8 +69,8 @@ func (w *storeWatch) suspect(r *replica) {
 // caller stopped waiting and ended the call; the probe that follows, a
 // lookup of no key, never reads the store, and answers.
 //
-// While the store is out, it checks again every probeInterval, through
-// the replicas in turn, until a check is answered otherwise.
+// While the store is out, it checks again storeCheckEvery after each
+// check, through the replicas in turn, until one is answered otherwise.
 func (w *storeWatch) run(ctx context.Context) {
 	var r *replica
 	for next := 0; ; next++ {
@@ -96,7 +96,7 @@ func (w *storeWatch) run(ctx context.Context) {
 		case <-w.check: // this loop watches already
 		default:
 		}
-		t := time.NewTimer(probeInterval)
+		t := time.NewTimer(storeCheckEvery)
 		select {
 		case <-ctx.Done():
 			t.Stop()

@@ -84,13 +84,17 @@ const masterConnectTimeout = 20 * time.Second
 // asked only when no other is usable, until it answers (the probe that
 // follows asks it) or suspectFor passes.
 const (
-	suspectFor     = time.Second
-	attachGrace    = 100 * time.Millisecond
-	overtakenLimit = 3
-	probeInterval  = 250 * time.Millisecond
-	probeTimeout   = 250 * time.Millisecond
-	hedgeRatio     = 0.1
-	hedgeBurst     = 10
+	suspectFor = time.Second
+	// storeCheckEvery paces the checks of a store said to be out: one at
+	// a time, each answered at once by a store that is down (or back),
+	// or after the store's own timeout by one that is stalled.
+	storeCheckEvery = 50 * time.Millisecond
+	attachGrace     = 100 * time.Millisecond
+	overtakenLimit  = 3
+	probeInterval   = 250 * time.Millisecond
+	probeTimeout    = 250 * time.Millisecond
+	hedgeRatio      = 0.1
+	hedgeBurst      = 10
 )
 
 // A kind of call whose answers take longer than HedgeDelay is hedged after
