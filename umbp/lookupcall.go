@@ -192,7 +192,9 @@ func call[T any](ctx context.Context, c *caller, what string, kind callKind, fn 
 	dctx, end := context.Background(), context.CancelFunc(nil)
 	var stopped atomic.Bool
 	if src.probesReplicas() {
-		dctx, end = context.WithCancel(context.Background())
+		var endCause context.CancelCauseFunc
+		dctx, endCause = context.WithCancelCause(context.Background())
+		end = func() { endCause(errNoReply) }
 		defer end()
 	}
 	var f *daemonpool.Future[T]
@@ -242,15 +244,15 @@ func callInline[T any](ctx context.Context, c *caller, what string, src lookupSo
 	// A timer that cancels, rather than a deadline: a deadline would
 	// travel to the server (grpc-timeout), which would then keep a timer
 	// of its own for every call.
-	cctx, cancel := context.WithCancel(ctx)
+	cctx, cancel := context.WithCancelCause(ctx)
 	var expired atomic.Bool
 	t := time.AfterFunc(c.timeout, func() {
 		expired.Store(true)
-		cancel()
+		cancel(errNoReply)
 	})
 	v, err := fn(cctx, src)
 	t.Stop()
-	cancel()
+	cancel(nil)
 	switch {
 	case err == nil:
 		return v, nil

@@ -270,14 +270,18 @@ func (b *masterBackend) pick(tried []bool) *replica {
 }
 
 // unanswered marks suspect the replicas a call asked (tried) that had not
-// answered (answered) when its context ended, and has the store checked
-// through one of them.
-func (b *masterBackend) unanswered(tried, answered []bool) {
+// answered (answered) when its context ended and, when it ended at the
+// handle's LookupTimeout (its cause errNoReply) rather than by the
+// caller's own context, has the store checked through one of them.
+func (b *masterBackend) unanswered(ctx context.Context, tried, answered []bool) {
 	now := time.Now().UnixNano()
+	timedOut := errors.Is(context.Cause(ctx), errNoReply)
 	for i, r := range b.replicas {
 		if tried[i] && !answered[i] {
 			r.suspect.Store(now)
-			b.store.suspect(r)
+			if timedOut {
+				b.store.suspect(r)
+			}
 		}
 	}
 }
@@ -435,7 +439,7 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, kind askKind
 			pending--
 			if a.err != nil && ctx.Err() != nil {
 				// The caller's own attempt, ended with ctx.
-				b.unanswered(tried, answered)
+				b.unanswered(ctx, tried, answered)
 				return zero, ctx.Err()
 			}
 			answered[a.r.idx] = true
@@ -484,7 +488,7 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, kind askKind
 				pending++
 			}
 		case <-ctx.Done():
-			b.unanswered(tried, answered)
+			b.unanswered(ctx, tried, answered)
 			return zero, ctx.Err()
 		}
 	}

@@ -1,6 +1,7 @@
 package umbp
 
 import (
+	"context"
 	"testing"
 	"time"
 )
@@ -31,5 +32,39 @@ func TestHedgeDelayPerKind(t *testing.T) {
 	b.hedgeDelay = -1
 	if d := b.hedgeAfter(askMatch); d >= 0 {
 		t.Errorf("HedgeDelay negative: %v, want none", d)
+	}
+}
+
+// A call left unanswered makes the replicas it asked suspect; the store is
+// checked only when the call ended at the handle's LookupTimeout, not when
+// the caller's own context ended it (an engine that cancels its lookups
+// costs the master no extra call).
+func TestUnansweredChecksTheStoreOnTimeoutOnly(t *testing.T) {
+	rs := []*replica{{idx: 0}, {idx: 1}}
+	b := &masterBackend{replicas: rs, store: newStoreWatch(rs, "m", time.Second, nil)}
+	tried, answered := []bool{true, true}, []bool{true, false}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	b.unanswered(ctx, tried, answered)
+	if rs[0].suspect.Load() != 0 || rs[1].suspect.Load() == 0 {
+		t.Fatalf("suspect after a call the caller ended: %d, %d; want only the replica that had not answered", rs[0].suspect.Load(), rs[1].suspect.Load())
+	}
+	select {
+	case r := <-b.store.check:
+		t.Fatalf("the store checked through replica %d after a call the caller ended", r.idx)
+	default:
+	}
+
+	ctx, cancelCause := context.WithCancelCause(context.Background())
+	cancelCause(errNoReply)
+	b.unanswered(ctx, tried, answered)
+	select {
+	case r := <-b.store.check:
+		if r != rs[1] {
+			t.Fatalf("the store checked through replica %d, want the one that had not answered", r.idx)
+		}
+	default:
+		t.Fatal("no check of the store after a call that ran out its LookupTimeout")
 	}
 }
