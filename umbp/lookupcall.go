@@ -189,13 +189,11 @@ func call[T any](ctx context.Context, c *caller, what string, kind callKind, fn 
 	// anyway. On the master's replicas, others answer the next call: one
 	// that overran is ended instead (end), which marks the replicas it
 	// asked suspect, and then settles what it holds off (ended).
-	dctx, end := context.Background(), context.CancelFunc(nil)
+	dctx, end := context.Background(), context.CancelCauseFunc(nil)
 	var stopped atomic.Bool
 	if src.probesReplicas() {
-		var endCause context.CancelCauseFunc
-		dctx, endCause = context.WithCancelCause(context.Background())
-		end = func() { endCause(errNoReply) }
-		defer end()
+		dctx, end = context.WithCancelCause(context.Background())
+		defer end(nil)
 	}
 	var f *daemonpool.Future[T]
 	f, err = daemonpool.Submit(pool, func() (T, error) {
@@ -226,6 +224,14 @@ func call[T any](ctx context.Context, c *caller, what string, kind callKind, fn 
 		if end != nil {
 			stopped.Store(true)
 			c.holdWhile(src, pool, kind, f.Done())
+			// Ended with its cause: errNoReply when it ran out c's
+			// timeout (the store is checked then), the caller's own
+			// otherwise.
+			cause := error(errNoReply)
+			if ctx.Err() != nil {
+				cause = context.Cause(ctx)
+			}
+			end(cause)
 		} else {
 			c.overran(src, pool, kind, f.Done())
 		}
@@ -276,9 +282,8 @@ func callInline[T any](ctx context.Context, c *caller, what string, src lookupSo
 // another replica that answers at once. A lock-step call to the master's
 // replicas holds nothing off while another replica answers
 // (src.othersAnswer): its probe only sets the silent aside. pool, when
-// not nil, is the pool
-// stuck runs on: a call on a pool replaced meanwhile holds nothing up (its
-// connection is closed).
+// not nil, is the pool stuck runs on: a call on a pool replaced meanwhile
+// holds nothing up (its connection is closed).
 func (c *caller) overran(src lookupSource, pool *daemonpool.Pool, kind callKind, stuck <-chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -306,8 +306,8 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, kind askKind
 		err   error
 		taken time.Duration
 	}
-	if b.store.out.Load() {
-		return zero, errStoreUnavailable
+	if kind != askProbe && b.store.out.Load() {
+		return zero, errStoreUnavailable // Ping still asks
 	}
 	b.budget.deposit()
 	delay := b.hedgeAfter(kind)
@@ -317,19 +317,11 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, kind askKind
 	// what follows serves only its failure.
 	var first *answer
 	if inline && !hedging {
-		r := b.pick(nil)
+		r := b.take(nil, false)
 		if r == nil {
 			return zero, errReconnecting
 		}
-		r.inflight.Add(1)
-		r.calls.Add(1)
-		run := start(r)
-		began := time.Now()
-		actx, acancel := context.WithTimeout(ctx, b.rpcTimeout)
-		v, err := run(actx)
-		acancel()
-		r.inflight.Add(-1)
-		taken := time.Since(began)
+		v, taken, err := attempt(ctx, b, r, start(r))
 		if err == nil {
 			b.answered(r, kind, taken)
 			return v, nil
@@ -341,42 +333,20 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, kind askKind
 	answers := make(chan answer, len(b.replicas))
 	tried := make([]bool, len(b.replicas))    // asked
 	answered := make([]bool, len(b.replicas)) // asked, and answered or failed
-	// pick chooses the next replica to ask and counts the attempt.
-	pick := func(hedge bool) *replica {
-		r := b.pick(tried)
-		if r == nil {
-			return nil
-		}
-		tried[r.idx] = true
-		r.inflight.Add(1)
-		r.calls.Add(1)
-		if hedge {
-			r.hedges.Add(1)
-		}
-		return r
-	}
-	attempt := func(actx context.Context, r *replica, run func(context.Context) (T, error)) answer {
-		began := time.Now()
-		actx, acancel := context.WithTimeout(actx, b.rpcTimeout)
-		v, err := run(actx)
-		acancel()
-		r.inflight.Add(-1)
-		return answer{r, v, err, time.Since(began)}
-	}
 	// won, when not nil, ends the caller's own attempt: another answered.
 	var won context.CancelFunc
 	launch := func(hedge bool) bool {
-		r := pick(hedge)
+		r := b.take(tried, hedge)
 		if r == nil {
 			return false
 		}
 		run := start(r)
 		go func() {
-			a := attempt(ctx, r, run)
-			if a.err == nil && won != nil {
+			v, taken, err := attempt(ctx, b, r, run)
+			if err == nil && won != nil {
 				won()
 			}
-			answers <- a
+			answers <- answer{r, v, err, taken}
 		}()
 		return true
 	}
@@ -388,7 +358,7 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, kind askKind
 		pending = 1
 		answers <- *first
 	case inline:
-		r := pick(false)
+		r := b.take(tried, false)
 		if r == nil {
 			return zero, errReconnecting
 		}
@@ -409,7 +379,8 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, kind askKind
 				}
 			})
 		}
-		a := attempt(own, r, run)
+		v, taken, err := attempt(own, b, r, run)
+		a := answer{r, v, err, taken}
 		mu.Lock()
 		done = true
 		pending = hedged + 1
@@ -492,6 +463,35 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, kind askKind
 			return zero, ctx.Err()
 		}
 	}
+}
+
+// take picks the next replica to ask (pick), marks it in tried when tried
+// is not nil, and counts the attempt.
+func (b *masterBackend) take(tried []bool, hedge bool) *replica {
+	r := b.pick(tried)
+	if r == nil {
+		return nil
+	}
+	if tried != nil {
+		tried[r.idx] = true
+	}
+	r.inflight.Add(1)
+	r.calls.Add(1)
+	if hedge {
+		r.hedges.Add(1)
+	}
+	return r
+}
+
+// attempt runs one attempt taken on r, bounded by Timeout, and returns
+// what it answered and how long it took.
+func attempt[T any](ctx context.Context, b *masterBackend, r *replica, run func(context.Context) (T, error)) (T, time.Duration, error) {
+	began := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, b.rpcTimeout)
+	v, err := run(ctx)
+	cancel()
+	r.inflight.Add(-1)
+	return v, time.Since(began), err
 }
 
 // answered counts an answer r gave to a call of kind in taken.
@@ -659,9 +659,9 @@ func (b *masterBackend) othersAnswer(d time.Duration) bool {
 // askAgain asks every usable replica at once for a lookup of no key, after
 // a call overran: the first to answer (or to say its store is down: it is
 // alive) ends it, and of the others those still silent attachGrace later
-// are set aside, stalled. Until one answers, the handle's calls answer
-// misses at once; a replica stopped among healthy ones costs one call's
-// LookupTimeout, not the stop.
+// are set aside, stalled. When the call held later calls off (no other
+// replica had answered meanwhile), they answer misses at once until one
+// answers here.
 func (b *masterBackend) askAgain(ctx context.Context, _ bool) error {
 	var asked []*replica
 	for _, r := range b.replicas {
