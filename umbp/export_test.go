@@ -45,3 +45,15 @@ func StagingBuffers(w *WorkerHandle) (all, free int) {
 	defer w.staging.mu.Unlock()
 	return len(w.staging.all), len(w.staging.free)
 }
+
+// StagingMemory returns the memory of each staging buffer w holds: the
+// memory no plan may name.
+func StagingMemory(w *WorkerHandle) []Buffer {
+	w.staging.mu.Lock()
+	defer w.staging.mu.Unlock()
+	out := make([]Buffer, len(w.staging.all))
+	for i, b := range w.staging.all {
+		out[i] = Buffer{Ptr: b.base(), Size: b.mappedSize(), Location: LocationHost}
+	}
+	return out
+}

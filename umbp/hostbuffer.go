@@ -59,6 +59,9 @@ type HostBuffer struct {
 	fd   int
 	mem  []byte // the whole mapping
 	size int    // as asked
+	// own marks a buffer the package made for itself (a staging buffer):
+	// no caller may register it, on any handle.
+	own bool
 
 	mu        sync.Mutex
 	users     int // registrations holding the buffer, abandoned ones included
@@ -69,11 +72,13 @@ type HostBuffer struct {
 // NewHostBuffer creates a zeroed, shareable host buffer of size bytes. The
 // mapping is rounded up to whole pages; Bytes returns exactly size bytes.
 func NewHostBuffer(size int) (*HostBuffer, error) {
-	b, err := newHostBuffer(size)
+	b, err := newHostBuffer(size, false)
 	return b, opError("host buffer", "", err)
 }
 
-func newHostBuffer(size int) (*HostBuffer, error) {
+// newHostBuffer makes a HostBuffer of size bytes; own marks one the package
+// makes for itself.
+func newHostBuffer(size int, own bool) (*HostBuffer, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("size %d must be positive", size)
 	}
@@ -98,7 +103,7 @@ func newHostBuffer(size int) (*HostBuffer, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("mmap of %d bytes: %w", mapped, err)
 	}
-	b := &HostBuffer{fd: fd, mem: mem, size: size}
+	b := &HostBuffer{fd: fd, mem: mem, size: size, own: own}
 	hostBuffers.add(b)
 	return b, nil
 }

@@ -338,7 +338,9 @@ func (j *TransferJob) CompletedKeys() []string {
 	return j.keysWhere(func(i int) bool { return j.has[i] && j.errs[i] == nil })
 }
 
-// FailedKeys returns the keys that failed so far, in plan order.
+// FailedKeys returns the keys that failed so far, in plan order: those whose
+// KeyErr is not nil. A CANCELLED job's keys are all failed (ErrCancelled),
+// but for any that failed before it was withdrawn, with their own error.
 func (j *TransferJob) FailedKeys() []string {
 	return j.keysWhere(func(i int) bool { return j.errs[i] != nil })
 }
@@ -377,7 +379,7 @@ func (j *TransferJob) keysWhere(keep func(i int) bool) []string {
 // KeyErr returns the error of plan i: nil when it succeeded or has no
 // outcome yet (or i is out of range). It matches the package's sentinels
 // with errors.Is: ErrNotAttempted, ErrNotInPool, ErrRefused,
-// ErrUnavailable, ErrCancelled and the rest.
+// ErrUnavailable, ErrCancelled (a key of a CANCELLED job) and the rest.
 func (j *TransferJob) KeyErr(i int) error {
 	if j == nil {
 		return errNilJob
@@ -386,9 +388,6 @@ func (j *TransferJob) KeyErr(i int) error {
 	defer j.mu.Unlock()
 	if i < 0 || i >= len(j.errs) {
 		return nil
-	}
-	if j.cancelled != nil {
-		return j.cancelled
 	}
 	return j.errs[i]
 }
@@ -586,6 +585,9 @@ func (j *TransferJob) cancelQueued(reason string) bool {
 		return false
 	}
 	j.cancelled = fmt.Errorf("%w (%s)", ErrCancelled, reason)
+	for i := range j.has { // each withdrawn key's outcome: FailedKeys lists it
+		j.setLocked(i, j.cancelled)
+	}
 	fin := j.endLocked()
 	j.mu.Unlock()
 	fin()

@@ -21,6 +21,10 @@ type memRegion struct {
 	loc   MemoryLocation
 	host  *HostBuffer // host memory
 	gpu   *gpuAlloc   // GPU memory
+	// own marks memory the handle registered for itself (a staging
+	// buffer): registered with every server as the others are, but no
+	// plan may name it.
+	own bool
 }
 
 func (r *memRegion) contains(addr uintptr, n uint64) bool {
@@ -70,12 +74,19 @@ func (g *gpuAlloc) register(ctx context.Context, c *conn.Conn, base uintptr, siz
 // registrations with the re-registration that follows a server restart,
 // and with Close, so that no region is registered with one server only or
 // after Close.
+//
+// A plan resolves against the caller's regions alone: the allocations that
+// hold the buffers the caller registered on this handle (a whole
+// HostBuffer, a whole GPU allocation). The handle's own regions (its
+// staging buffers) are registered with every server as the others are but
+// are not among them, so no plan can name them.
 type regionSet struct {
 	sem chan struct{} // the registration lock
 
-	mu    sync.Mutex
-	list  []*memRegion      // sorted by base
-	named map[string]Buffer // each registered buffer, by name
+	mu     sync.Mutex
+	list   []*memRegion      // every region, sorted by base, the handle's own included
+	caller []*memRegion      // the caller's regions, sorted by base: what plans resolve against
+	named  map[string]Buffer // each registered buffer, by name
 }
 
 func newRegionSet() *regionSet {
@@ -134,12 +145,14 @@ func (s *regionSet) registerAll(ctx context.Context, c *conn.Conn) error {
 }
 
 // addHost registers the HostBuffer b, named name, with the server behind c
-// and adds it as a region; the caller holds the registration lock.
-func (s *regionSet) addHost(ctx context.Context, c *conn.Conn, b *HostBuffer, name string) error {
+// and adds it as a region; own says the handle registers it for itself (a
+// staging buffer, which no plan may name). The caller holds the
+// registration lock.
+func (s *regionSet) addHost(ctx context.Context, c *conn.Conn, b *HostBuffer, name string, own bool) error {
 	if err := b.acquire(); err != nil {
 		return err
 	}
-	r := &memRegion{names: []string{name}, base: b.base(), size: b.mappedSize(), loc: LocationHost, host: b}
+	r := &memRegion{names: []string{name}, base: b.base(), size: b.mappedSize(), loc: LocationHost, host: b, own: own}
 	if err := r.register(ctx, c); err != nil {
 		b.release()
 		return err
@@ -159,8 +172,15 @@ func (s *regionSet) unclaim(name string) {
 func (s *regionSet) add(r *memRegion) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	i := sort.Search(len(s.list), func(i int) bool { return s.list[i].base > r.base })
-	s.list = slices.Insert(s.list, i, r)
+	s.list = insertByBase(s.list, r)
+	if !r.own {
+		s.caller = insertByBase(s.caller, r)
+	}
+}
+
+func insertByBase(list []*memRegion, r *memRegion) []*memRegion {
+	i := sort.Search(len(list), func(i int) bool { return list[i].base > r.base })
+	return slices.Insert(list, i, r)
 }
 
 // addHostName adds name to the region of hb if there is one, and reports
@@ -211,19 +231,43 @@ func (s *regionSet) take() []*memRegion {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	list := s.list
-	s.list = nil
+	s.list, s.caller = nil, nil
 	return list
 }
 
-// findLocked returns the region that holds [addr, addr+n), or nil; s.mu is
-// held.
+// findLocked returns the caller's region that holds [addr, addr+n), or
+// nil; s.mu is held. It is the one place a plan's range is resolved, for
+// every transport.
 func (s *regionSet) findLocked(addr uintptr, n uint64) *memRegion {
-	i := sort.Search(len(s.list), func(i int) bool { return s.list[i].base > addr })
+	i := sort.Search(len(s.caller), func(i int) bool { return s.caller[i].base > addr })
 	if i == 0 {
 		return nil
 	}
-	if r := s.list[i-1]; r.contains(addr, n) {
+	if r := s.caller[i-1]; r.contains(addr, n) {
 		return r
 	}
 	return nil
+}
+
+// outsideLocked says why [addr, addr+n), which no caller region holds,
+// cannot be named by a plan; s.mu is held.
+func (s *regionSet) outsideLocked(addr uintptr, n uint64) string {
+	end := addr + uintptr(n)
+	if end < addr {
+		end = ^uintptr(0)
+	}
+	var caller *memRegion
+	for _, r := range s.list {
+		if addr >= r.base+uintptr(r.size) || end <= r.base {
+			continue
+		}
+		if r.own {
+			return "overlaps memory the handle registered for itself (" + strings.Join(r.names, ", ") + "), not memory registered on it"
+		}
+		caller = r
+	}
+	if caller != nil {
+		return "runs past the memory registered as " + strings.Join(caller.names, ", ")
+	}
+	return "lies in no memory registered on the handle"
 }

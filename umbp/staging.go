@@ -20,6 +20,18 @@ import (
 // stagingPool hands out registered staging buffers, one per concurrent use.
 // It registers a new one itself, as one more of the handle's regions, with
 // the server of the link's current connection.
+//
+// Two rules keep a staged transfer's bytes its own:
+//   - A buffer is lent to one chunk at a time: get takes it off the free
+//     list under the pool's lock, and only the chunk that holds it gives it
+//     back (put), or sets it aside while a request on it is in doubt; put
+//     refuses a buffer that is free already. Within a chunk, its items lie
+//     at disjoint offsets (moveChunk lays them end to end).
+//   - No plan can name a staging buffer: its region is the handle's own
+//     (memRegion.own), which no span covers (regionSet.findLocked), and no
+//     caller may register it on any handle (its HostBuffer is own too). So
+//     the server writes into a staging buffer only for the chunk that
+//     holds it.
 type stagingPool struct {
 	regions *regionSet
 	link    *link
@@ -60,7 +72,7 @@ func (s *stagingPool) register(ctx context.Context, c *conn.Conn, b *HostBuffer,
 	if cur != c {
 		return errReconnecting
 	}
-	return s.regions.addHost(ctx, c, b, name)
+	return s.regions.addHost(ctx, c, b, name, true)
 }
 
 // get returns a registered staging buffer of at least size bytes; a new one
@@ -79,7 +91,7 @@ func (s *stagingPool) get(ctx context.Context, c *conn.Conn, size uint64) (*Host
 	s.mu.Unlock()
 
 	want := max(size, stagingMin)
-	b, err := newHostBuffer(int(want))
+	b, err := newHostBuffer(int(want), true)
 	if err != nil {
 		return nil, err
 	}
@@ -182,12 +194,18 @@ func (s *stagingPool) has(size uint64) bool {
 	return false
 }
 
+// put gives back the buffer b, which its holder no longer uses.
 func (s *stagingPool) put(b *HostBuffer) {
 	s.mu.Lock()
-	if !s.closed {
-		s.free = append(s.free, b)
+	defer s.mu.Unlock()
+	if s.closed {
+		return
 	}
-	s.mu.Unlock()
+	if slices.Contains(s.free, b) {
+		// Two chunks would be handed the same memory: never continue.
+		panic("umbp: a staging buffer was given back twice")
+	}
+	s.free = append(s.free, b)
 }
 
 // setAside keeps b, used by a request whose transport failed under it, out

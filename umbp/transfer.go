@@ -148,12 +148,14 @@ func (t *jobRunner) refuseBlocked(job *TransferJob, n int64) {
 }
 
 // resolve checks each plan, once, and maps its ranges into registered
-// regions, under the regions' lock: a plan that failed in planning (bad[i]
-// not nil) is skipped, one that fails here gets its outcome now; the rest
-// are returned as items, whose ranges lie in one slab taken
-// from rangeSlabs. A plan the layout planner made is valid by
-// construction; the connection sends the items as they are, without
-// checking them again.
+// regions, under the regions' lock. Each range must lie within memory the
+// caller registered on this handle (regionSet.findLocked: the one rule, for
+// every transport; the handle's own staging memory is never such memory).
+// A plan that failed in planning (bad[i] not nil) is skipped, one that
+// fails here gets its outcome now; the rest are returned as items,
+// whose ranges lie in one slab taken from rangeSlabs. A plan the layout
+// planner made is valid by construction but is resolved all the same; the
+// connection sends the items as they are, without checking them again.
 func (t *jobRunner) resolve(job *TransferJob, bad []error, ranged, planned bool) ([]item, []conn.Range) {
 	t.regions.mu.Lock()
 	defer t.regions.mu.Unlock()
@@ -194,8 +196,8 @@ func (t *jobRunner) resolve(job *TransferJob, bad []error, ranged, planned bool)
 				last = reg
 			}
 			if reg == nil {
-				refused = fmt.Errorf("%w: key %q range %d (%d bytes at %#x, layer %q) lies outside registered memory",
-					ErrInvalidPlan, p.Key, k, r.Length, r.BaseAddress, r.LayerName)
+				refused = fmt.Errorf("%w: key %q range %d (%d bytes at %#x, layer %q) is outside registered memory: it %s",
+					ErrInvalidPlan, p.Key, k, r.Length, r.BaseAddress, r.LayerName, t.regions.outsideLocked(r.BaseAddress, r.Length))
 				break
 			}
 			host = host && reg.loc == LocationHost

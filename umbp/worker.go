@@ -158,6 +158,9 @@ func (w *WorkerHandle) registerBuffer(ctx context.Context, name string, b Buffer
 	loc := b.Location
 	var hb *HostBuffer
 	if loc == LocationAuto || loc == LocationHost {
+		if in := hostBuffers.at(b.Ptr); in != nil && in.own {
+			return fmt.Errorf("%w: %d bytes at %#x lie in memory the package uses for itself (a staging buffer), not in a HostBuffer of the caller's", ErrInvalidBuffer, b.Size, b.Ptr)
+		}
 		if hb = hostBuffers.find(b.Ptr, b.Size); hb != nil {
 			loc = LocationHost
 		} else if in := hostBuffers.at(b.Ptr); in != nil { // the buffer b starts in
@@ -201,7 +204,7 @@ func (w *WorkerHandle) registerClaimed(ctx context.Context, name string, b Buffe
 	if w.regions.addHostName(name, hb) {
 		return nil
 	}
-	return w.regions.addHost(ctx, c, hb, name)
+	return w.regions.addHost(ctx, c, hb, name, false)
 }
 
 // prepareStaging readies, within ctx, the staging buffer that the first
