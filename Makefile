@@ -32,9 +32,10 @@ test-short:
 	$(GO) test -short -count=1 ./...
 
 # The first build compiles gRPC and the rest of the module: a minute or two.
+# The demo starts bin/umbp-standalone-server as a child process and signals it.
 demo:
-	@echo "building examples/offload (the first build takes a minute or two)..."
-	@$(GO) build -o bin/offload ./examples/offload
+	@echo "building examples/offload and the server (the first build takes a minute or two)..."
+	@$(GO) build -o bin/ ./examples/offload ./cmd/umbp-standalone-server
 	@bin/offload
 
 # The operator's tool (ping, lookup, key, clear, bench) as bin/umbp, and the
