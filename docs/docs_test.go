@@ -72,6 +72,13 @@ var quotes = []quote{
 	{"docs/CLUSTER.md", `umbp: invalid configuration: ClusterConfig.Masters "10.1.2.3:50051": plaintext to a master that is not on loopback: MORI's master speaks plaintext TCP without authentication, so anyone on the path can read the prompts' keys and forge the answers; give transport credentials (TLS), or allow plaintext explicitly`, "library: plaintext to 10.1.2.3:50051"},
 	{"docs/PROTOCOL.md", "fd handoff registration was not found", "server: reply texts"},
 	{"docs/PROTOCOL.md", "server is shutting down", "server: reply texts"},
+	// The first program, built and run from its page.
+	{"docs/FIRST-PROGRAM.md", "stored 4 blocks", "first program"},
+	{"docs/FIRST-PROGRAM.md", "lookup: 1 of 2 keys in the pool", "first program"},
+	{"docs/FIRST-PROGRAM.md", "loaded 4 blocks into blocks 4-7: every byte matches", "first program"},
+	{"docs/FIRST-PROGRAM.md", "hits: [true true true true false]", "first program"},
+	{"docs/FIRST-PROGRAM.md", "prefix: 4 blocks", "first program"},
+	{"docs/FIRST-PROGRAM.md", "state connected, 2 lookups, 0 timed out", "first program"},
 }
 
 // A figure is text of a document that restates a value of the code:

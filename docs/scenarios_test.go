@@ -79,6 +79,7 @@ var scenarios = map[string]func(t *testing.T, w *world) string{
 		return strings.ReplaceAll(out, dir, "/tmp")
 	},
 	"library: a transfer after a blocked one": blockedTransfer,
+	"first program": firstProgram,
 	"library: plaintext to 10.1.2.3:50051": func(t *testing.T, w *world) string {
 		_, err := umbp.NewClusterRuntime(umbp.ClusterConfig{Masters: []string{"10.1.2.3:50051"}})
 		if err == nil {
