@@ -16,7 +16,9 @@ build:
 # scripts/testprogress lists each package as it finishes, and what is still
 # building or running every 30 s without one; the first run compiles gRPC
 # under the race detector.
-CONTRIB := contrib/prometheus contrib/otel
+# cmd/umbp-standalone-server is a module of its own too (its metrics need the
+# Prometheus client library, which the library's module does not require).
+CONTRIB := cmd/umbp-standalone-server contrib/prometheus contrib/otel
 TESTFLAGS := -race -count=1 -timeout 10m
 # The scheduler's tests run a second time with its lookups through grpc-go's
 # call path (Config.GRPCLookups) instead of the lock-step call: every
@@ -35,13 +37,15 @@ test-short:
 # The demo starts bin/umbp-standalone-server as a child process and signals it.
 demo:
 	@echo "building examples/offload and the server (the first build takes a minute or two)..."
-	@$(GO) build -o bin/ ./examples/offload ./cmd/umbp-standalone-server
+	@$(GO) build -o bin/ ./examples/offload
+	@$(GO) build -C cmd/umbp-standalone-server -o ../../bin/ .
 	@bin/offload
 
 # The operator's tool (ping, lookup, key, clear, bench) as bin/umbp, and the
 # Go server as bin/umbp-standalone-server.
 tool:
-	$(GO) build -o bin/ ./cmd/...
+	$(GO) build -o bin/ ./cmd/umbp
+	$(GO) build -C cmd/umbp-standalone-server -o ../../bin/ .
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2s -count 5 ./...
@@ -100,7 +104,7 @@ gpu-check:
 	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -c -ldflags='-s -w' -o $(GPU_CHECK)/hip.test ./internal/hip
 	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -c -ldflags='-s -w' -o $(GPU_CHECK)/server.test ./internal/server
 	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -c -ldflags='-s -w' -o $(GPU_CHECK)/umbp.test ./umbp
-	CGO_ENABLED=1 GOARCH=amd64 $(GO) build -ldflags='-s -w' -o $(GPU_CHECK)/umbp-standalone-server ./cmd/umbp-standalone-server
+	CGO_ENABLED=1 GOARCH=amd64 $(GO) build -C cmd/umbp-standalone-server -ldflags='-s -w' -o $(CURDIR)/$(GPU_CHECK)/umbp-standalone-server .
 	install -m 0755 scripts/gpu-check.sh $(GPU_CHECK)/run.sh
 	(git describe --always --dirty 2>/dev/null || echo unknown) >$(GPU_CHECK)/BUILD
 
@@ -112,6 +116,6 @@ gpu-race:
 	rm -rf $(GPU_RACE) && mkdir -p $(GPU_RACE)
 	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -race -c -ldflags='-s -w' -o $(GPU_RACE)/server.test ./internal/server
 	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -race -c -ldflags='-s -w' -o $(GPU_RACE)/umbp.test ./umbp
-	CGO_ENABLED=1 GOARCH=amd64 $(GO) build -race -ldflags='-s -w' -o $(GPU_RACE)/umbp-standalone-server ./cmd/umbp-standalone-server
+	CGO_ENABLED=1 GOARCH=amd64 $(GO) build -C cmd/umbp-standalone-server -race -ldflags='-s -w' -o $(CURDIR)/$(GPU_RACE)/umbp-standalone-server .
 	install -m 0755 scripts/gpu-race.sh $(GPU_RACE)/run.sh
 	(git describe --always --dirty 2>/dev/null || echo unknown) >$(GPU_RACE)/BUILD

@@ -112,6 +112,7 @@ var figures = []struct{ doc, text string }{
 	{"docs/DEPLOYMENT.md", "| `-gpu` | `{flag:umbp-standalone-server -gpu}` |"},
 	{"docs/DEPLOYMENT.md", "| `-replace` | `{flag:umbp-standalone-server -replace}` |"},
 	{"docs/DEPLOYMENT.md", "| `-log-level` | `{flag:umbp-standalone-server -log-level}` |"},
+	{"docs/DEPLOYMENT.md", "| `-metrics-any-interface` | `{flag:umbp-standalone-server -metrics-any-interface}` |"},
 }
 
 // outputBlocks returns the output lines of doc's code blocks, each as one

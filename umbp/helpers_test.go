@@ -192,7 +192,8 @@ func serverBinary(t testing.TB) string {
 			return
 		}
 		binPath = filepath.Join(binDir, "umbp-standalone-server")
-		out, err := exec.Command("go", "build", "-o", binPath, "../cmd/umbp-standalone-server").CombinedOutput()
+		// A module of its own: built in its directory.
+		out, err := exec.Command("go", "build", "-C", "../cmd/umbp-standalone-server", "-o", binPath, ".").CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("build umbp-standalone-server: %v\n%s", err, out)
 		}

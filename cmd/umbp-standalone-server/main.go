@@ -3,7 +3,10 @@
 // without it.
 //
 //	go install github.com/umbp-go/umbp-go/cmd/umbp-standalone-server@latest
-//	umbp-standalone-server -endpoint unix:///run/umbp/standalone/node0.grpc.sock -capacity 4GiB
+//	umbp-standalone-server -endpoint unix:///run/umbp/standalone/node0.grpc.sock -capacity 4GiB -metrics :9464
+//
+// It is a module of its own, so that the Prometheus client library it
+// serves -metrics with is none of the library's requirements.
 //
 // It prints "listening on <endpoint>" on stdout once both sockets accept
 // connections, and on SIGTERM or SIGINT closes (sockets unlinked) and exits 0.
@@ -20,6 +23,8 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"google.golang.org/grpc"
 
 	"github.com/umbp-go/umbp-go/internal/bytesize"
 	"github.com/umbp-go/umbp-go/internal/endpoint"
@@ -43,6 +48,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	noRanged := fs.Bool("no-ranged-io", false, "behave as a v2 server with its SSD tier on: no ranged I/O advertised, GPU IPC refused")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	replace := fs.Bool("replace", false, "start even where a live server answers on the endpoint, taking its socket paths over (it keeps running, unreachable); without it such a start fails, while sockets left by a server that is gone are replaced")
+	metricsFlag := fs.String("metrics", "", "serve Prometheus metrics (the pool, registrations, calls by method) at http://ADDR/metrics; :PORT is loopback's; empty: none")
+	metricsAny := fs.Bool("metrics-any-interface", false, "allow -metrics on an address that is not loopback")
 	gpuMode := fs.String("gpu", "auto", "GPU IPC regions (v2): auto uses the GPU runtime (HIP, else CUDA) when one loads with a device, on requires it, off refuses GPU registration; with a GPU the pool is pinned, which commits all of it")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -73,6 +80,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		log.Error("invalid -version: want 1 or 2", "version", *version)
 		return 2
 	}
+	var metricsAt string
+	if *metricsFlag != "" {
+		if metricsAt, err = metricsAddr(*metricsFlag, *metricsAny); err != nil {
+			log.Error("invalid -metrics", "err", err)
+			return 2
+		}
+	}
 	gpu, code := gpuBackend(*gpuMode, log)
 	if code != 0 {
 		return code
@@ -81,15 +95,23 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	srv, err := server.New(server.Options{
-		Endpoint:        *endpoint,
-		Capacity:        size,
-		Version:         *version,
-		DisableRangedIO: *noRanged,
-		Prefault:        *prefault,
-		Replace:         *replace,
-		Logger:          log,
-		GPU:             gpu,
+	var srv *server.Server
+	var m *metrics
+	var intercept grpc.UnaryServerInterceptor
+	if metricsAt != "" {
+		m = newMetrics(func() server.Stats { return srv.Stats() })
+		intercept = m.interceptor
+	}
+	srv, err = server.New(server.Options{
+		UnaryInterceptor: intercept,
+		Endpoint:         *endpoint,
+		Capacity:         size,
+		Version:          *version,
+		DisableRangedIO:  *noRanged,
+		Prefault:         *prefault,
+		Replace:          *replace,
+		Logger:           log,
+		GPU:              gpu,
 	})
 	if c, ok := gpu.(io.Closer); ok {
 		defer c.Close()
@@ -97,6 +119,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		log.Error(startFailure(err, *endpoint))
 		return 1
+	}
+	if m != nil {
+		bound, closeMetrics, err := serveMetrics(metricsAt, m, log)
+		if err != nil {
+			log.Error("cannot start: " + err.Error())
+			_ = srv.Close()
+			return 1
+		}
+		defer closeMetrics()
+		log.Info("serving metrics", "url", "http://"+bound+"/metrics")
 	}
 	fmt.Fprintf(stdout, "listening on %s\n", srv.Endpoint())
 	<-ctx.Done()

@@ -469,6 +469,9 @@ func printBench(w io.Writer, r *benchResult) {
 		r.Objects, formatBytes(r.ObjectSize), r.Ranges, r.Batch, r.Workers, r.Rounds)
 	if len(r.StoreGBps) > 0 {
 		p("store", "%s", spread(r.StoreGBps, "GB/s", func(v float64) string { return fmt.Sprintf("%.2f", v) }))
+		if first, later, ok := firstTouch(r.StoreGBps); ok {
+			p("  note", "round 1 stored at %.2f GB/s, the later rounds at %.2f (median): round 1 paid for the server's first touch of its pool's pages (a server whose pool is not mapped at start, as the Go server's with -prefault=false); a long-running server's pool has paid it once", first, later)
+		}
 	}
 	if len(r.LookupSeconds) > 0 {
 		held, asked := 0, 0
@@ -488,6 +491,17 @@ func printBench(w io.Writer, r *benchResult) {
 		p("verified", "every loaded byte matched what was stored")
 	}
 	p("note", "the stored objects stay in the pool (namespace %s) until evicted", r.Namespace)
+}
+
+// firstTouch reports whether the first round's store ran at under half the
+// median of the later ones' (first and later are those two): what a pool's
+// first touch of its pages costs, not a steady rate.
+func firstTouch(storeGBps []float64) (first, later float64, ok bool) {
+	if len(storeGBps) < 2 {
+		return 0, 0, false
+	}
+	first, later = storeGBps[0], median(storeGBps[1:])
+	return first, later, first < later/2
 }
 
 // spread formats the median, min and max of vs.

@@ -74,3 +74,23 @@ func TestSuiteFlags(t *testing.T) {
 	_, stderr = mustRun(t, exitUsage, "", "bench", "-endpoint", srv.Endpoint(), "-suite", "-yes", "-timeout", "0")
 	mustContain(t, "bench -suite -timeout 0", stderr, "-timeout must be positive")
 }
+
+// A bench whose first round stored at under half the later rounds' rate
+// says that round paid for the pool's first touch; a steady one says
+// nothing of it.
+func TestBenchSaysFirstTouch(t *testing.T) {
+	for _, c := range []struct {
+		gbps []float64
+		says bool
+	}{
+		{[]float64{0.74, 12.15, 11.9, 12.3}, true},
+		{[]float64{10.1, 12.15, 11.9}, false},
+		{[]float64{0.74}, false},
+	} {
+		var out strings.Builder
+		printBench(&out, &benchResult{Rounds: len(c.gbps), StoreGBps: c.gbps})
+		if got := strings.Contains(out.String(), "round 1 paid for the server's first touch of its pool's pages"); got != c.says {
+			t.Errorf("store rounds %v: said first touch %v, want %v:\n%s", c.gbps, got, c.says, out.String())
+		}
+	}
+}

@@ -22,7 +22,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // events, not their speed.
 func TestDemo(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "umbp-standalone-server")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/umbp-standalone-server").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-C", "../../cmd/umbp-standalone-server", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build the server: %v\n%s", err, out)
 	}
 	srv, err := startProcess(bin, 16*4*1024)

@@ -71,7 +71,7 @@ func serverBinary(named string) (string, error) {
 	if bin, err := exec.LookPath(name); err == nil {
 		return bin, nil
 	}
-	return "", errors.New("no umbp-standalone-server beside this program or on PATH: `make demo` builds both into bin/, or build it (go build -o bin/ ./cmd/umbp-standalone-server) and give -server bin/umbp-standalone-server")
+	return "", errors.New("no umbp-standalone-server beside this program or on PATH: `make demo` builds both into bin/, or build it (make tool) and give -server bin/umbp-standalone-server")
 }
 
 func isFile(path string) bool {

@@ -3,14 +3,21 @@ package server
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
+
+// evictionReportEvery is how often, at most, the server logs that it
+// evicted objects to make room: the first eviction is said at once, the
+// ones after it summed at most this often (the metrics count each).
+const evictionReportEvery = 30 * time.Second
 
 // errNoSpace is matched by every reservation failure.
 var errNoSpace = errors.New("DRAM tier has no room")
@@ -51,6 +58,12 @@ type pool struct {
 	used      uint64  // bytes of stored, reserved and dead-but-read objects
 	stored    uint64  // bytes of stored objects: what eviction can give back
 	evictions uint64
+	evicted   uint64 // bytes evicted
+	// What the last eviction report said (evictionReportEvery apart at
+	// least); log receives it.
+	reported   evictionReport
+	lastReport time.Time
+	log        *slog.Logger
 
 	batchSeq atomic.Uint64
 	closed   bool
@@ -209,7 +222,41 @@ func (p *pool) release(o *object) {
 // evicted.
 func (p *pool) reserve(size, batch uint64) (*object, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	o, err := p.reserveLocked(size, batch)
+	report := p.evictionReportLocked(time.Now())
+	p.mu.Unlock()
+	if report.objects > 0 && p.log != nil {
+		p.log.Info("umbp server: the pool is full: least recently used objects were evicted to make room",
+			"evicted", report.objects, "evicted_bytes", report.bytes, "over", report.over.Round(time.Millisecond),
+			"capacity", p.capacity)
+	}
+	return o, err
+}
+
+// evictionReport is what the pool evicted over a stretch of time.
+type evictionReport struct {
+	objects, bytes uint64
+	over           time.Duration
+}
+
+// evictionReportLocked returns the evictions to report now: those since
+// the last report, if there are any and the last was evictionReportEvery
+// ago at least (the first at once); else none. p.mu is held.
+func (p *pool) evictionReportLocked(now time.Time) evictionReport {
+	if p.evictions == p.reported.objects || (!p.lastReport.IsZero() && now.Sub(p.lastReport) < evictionReportEvery) {
+		return evictionReport{}
+	}
+	r := evictionReport{objects: p.evictions - p.reported.objects, bytes: p.evicted - p.reported.bytes}
+	if !p.lastReport.IsZero() {
+		r.over = now.Sub(p.lastReport)
+	}
+	p.reported = evictionReport{objects: p.evictions, bytes: p.evicted}
+	p.lastReport = now
+	return r
+}
+
+// reserveLocked is reserve under p.mu.
+func (p *pool) reserveLocked(size, batch uint64) (*object, error) {
 	if p.closed {
 		return nil, fmt.Errorf("%w: the pool is closed", errNoSpace)
 	}
@@ -236,6 +283,7 @@ func (p *pool) reserve(size, batch uint64) (*object, error) {
 		}
 		p.unlink(victim)
 		p.evictions++
+		p.evicted += victim.size
 	}
 	return nil, fmt.Errorf("%w: %d bytes wanted, %d of %d bytes held by transfers and readers", errNoSpace, size, p.used, p.capacity)
 }

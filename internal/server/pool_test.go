@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"testing"
@@ -167,5 +168,46 @@ func TestPoolPrefaultHugePages(t *testing.T) {
 	}
 	if huge == "0 kB" {
 		t.Fatalf("a prefaulted 64 MiB pool has no huge pages (AnonHugePages: %s)", huge)
+	}
+}
+
+// TestEvictionReports: the first eviction is logged at once; the ones
+// after it are summed into one line at most evictionReportEvery apart.
+func TestEvictionReports(t *testing.T) {
+	p, err := newPool(8192, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	var logged bytes.Buffer
+	p.log = slog.New(slog.NewTextHandler(&logged, nil))
+	store := func(key string) {
+		t.Helper()
+		o, err := p.reserve(4096, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.publish(key, o)
+	}
+	store("a")
+	store("b")
+	if logged.Len() != 0 {
+		t.Fatalf("logged before any eviction: %s", logged.String())
+	}
+	store("c") // evicts a
+	if n := strings.Count(logged.String(), "evicted to make room"); n != 1 || !strings.Contains(logged.String(), "evicted=1 evicted_bytes=4096") {
+		t.Fatalf("after the first eviction, logged %d lines: %s", n, logged.String())
+	}
+	for i := range 5 { // five more, within the interval: not said yet
+		store(fmt.Sprint("d", i))
+	}
+	if n := strings.Count(logged.String(), "evicted to make room"); n != 1 {
+		t.Fatalf("evictions within %v were logged %d times, want once", evictionReportEvery, n)
+	}
+	p.mu.Lock()
+	r := p.evictionReportLocked(p.lastReport.Add(evictionReportEvery))
+	p.mu.Unlock()
+	if r.objects != 5 || r.bytes != 5*4096 || r.over != evictionReportEvery {
+		t.Fatalf("the report an interval later = %+v, want the 5 evictions since the first, over %v", r, evictionReportEvery)
 	}
 }

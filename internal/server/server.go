@@ -131,6 +131,7 @@ func New(opts Options) (*Server, error) {
 		s.cancel()
 		return nil, err
 	}
+	s.pool.log = log
 	s.regs = newRegionTable(log, s.gpu)
 	if s.gpu != nil {
 		if err := s.gpu.Pin(s.pool.base(), uint64(len(s.pool.arena))); err != nil {
