@@ -65,6 +65,20 @@ func TestErrorsSayItOnce(t *testing.T) {
 		checkErr(t, "attach", err, ep)
 	})
 
+	t.Run("silent at attach", func(t *testing.T) { // the wait's end is said as which deadline it was
+		srv := newServer(t, umbptest.Options{})
+		srv.Stall("Ping") // accepts connections, answers nothing
+		defer srv.Resume()
+		cfg := testConfig(t, srv.Endpoint())
+		cfg.StartupTimeout = 300 * time.Millisecond
+		_, err := newRuntime(t, cfg).NewSchedulerHandle(ctx)
+		checkErr(t, "attach", err, srv.Endpoint())
+		want := " (the wait's end: StartupTimeout, 300ms)"
+		if !strings.HasSuffix(err.Error(), want) || strings.Contains(err.Error(), "waited") {
+			t.Errorf("attach to a silent server says\n\t%s\nwant it to end with\n\t%s", err, want)
+		}
+	})
+
 	t.Run("stalled", func(t *testing.T) {
 		srv := newServer(t, umbptest.Options{})
 		var logs bytes.Buffer

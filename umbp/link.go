@@ -106,7 +106,8 @@ func (l *link) firstAttach(ctx context.Context) (*conn.Conn, sockIdent, error) {
 			if last == nil || !errors.Is(err, ctx.Err()) {
 				last = err
 			}
-			return nil, sockIdent{}, fmt.Errorf("%w (waited %v)", last, waited)
+			// Which deadline ended it, not that one did again.
+			return nil, sockIdent{}, fmt.Errorf("%w (the wait's end: StartupTimeout, %v)", last, waited)
 		}
 		last = err
 		if !warned && waited >= attachWarnAfter {

@@ -307,7 +307,7 @@ func ask[T any](ctx context.Context, b *masterBackend, inline bool, kind askKind
 		taken time.Duration
 	}
 	if kind != askProbe && b.store.out.Load() {
-		return zero, errStoreUnavailable // Ping still asks
+		return zero, errStoreNotAsked // Ping still asks
 	}
 	b.budget.deposit()
 	delay := b.hedgeAfter(kind)

@@ -3,6 +3,7 @@ package umbp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync/atomic"
@@ -20,6 +21,10 @@ import (
 // errStoreUnavailable is a call every replica asked answered with its
 // metadata store unavailable (MORI's Redis-backed master).
 var errStoreUnavailable = errors.New("the master's metadata store is unavailable")
+
+// errStoreNotAsked is a call answered at once, no replica asked, while the
+// store is said to be out.
+var errStoreNotAsked = fmt.Errorf("%w (said so before; no replica asked until a check answers otherwise)", errStoreUnavailable)
 
 // storeCheckKey is the key a store check looks up: a lookup of no key
 // never reads the store.

@@ -426,10 +426,19 @@ func (h *SchedulerHandle) Close() error {
 	return opError("close", h.address, err)
 }
 
+// notAsked reports whether a call that failed with err answered without
+// asking any server (Stats' Unasked).
+func notAsked(err error) bool {
+	return errors.Is(err, errUnanswered) || errors.Is(err, errReconnecting) || errors.Is(err, ErrClosed) || errors.Is(err, errStoreNotAsked)
+}
+
 func (h *SchedulerHandle) logFailure(op string, err error) {
-	if errors.Is(err, errNoReply) {
+	switch {
+	case errors.Is(err, errNoReply):
 		h.stats.timeouts.Add(1)
-	} else if !errors.Is(err, context.DeadlineExceeded) {
+	case notAsked(err):
+		h.stats.unasked.Add(1)
+	case !errors.Is(err, context.DeadlineExceeded):
 		h.stats.failures.Add(1)
 	}
 	if errors.Is(err, ErrClosed) || !h.failures.allow() {

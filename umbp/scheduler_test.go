@@ -353,7 +353,7 @@ func TestSchedulerTakeoverWhileStuck(t *testing.T) {
 	for range 5 {
 		h.Lookup(context.Background(), []string{"k"})
 	}
-	if after := h.Stats(); after.Lookups.Failures != before.Lookups.Failures || after.Lookups.Timeouts != before.Lookups.Timeouts {
+	if after := h.Stats(); after.Lookups.Failures != before.Lookups.Failures || after.Lookups.Timeouts != before.Lookups.Timeouts || after.Lookups.Unasked != before.Lookups.Unasked {
 		t.Fatalf("lookups after the takeover still fail: failures %d->%d, timeouts %d->%d",
 			before.Lookups.Failures, after.Lookups.Failures, before.Lookups.Timeouts, after.Lookups.Timeouts)
 	}

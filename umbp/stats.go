@@ -40,24 +40,35 @@ type ReplicaStats struct {
 	Latency time.Duration
 }
 
-// LookupStats are a scheduler handle's counters.
+// LookupStats are a scheduler handle's counters. A call is counted in
+// Calls, and, if it did not get an answer, in one of Timeouts, Failures and
+// Unasked.
 type LookupStats struct {
 	Calls    uint64 // Lookup, LookupPrefix and Score calls that asked about keys
 	Hits     uint64 // keys answered present
-	Misses   uint64 // keys answered absent, including failed calls' keys
+	Misses   uint64 // keys answered absent, including failed and unasked calls' keys
 	Timeouts uint64 // calls that got no reply within LookupTimeout
-	Failures uint64 // calls that failed or were refused (not timeouts)
+	Failures uint64 // calls the server (or the transport) failed or refused
+	// Unasked counts calls answered misses at once without asking any
+	// server: while an earlier call it has not answered holds calls off,
+	// while the handle reconnects or is closed, or while the master's
+	// store is said to be out.
+	Unasked uint64
 }
 
 // TransferStats are a worker handle's counters, and its blocked and
 // abandoned gauges.
 type TransferStats struct {
-	Submitted   uint64 // jobs handed to the transfer goroutines
-	Completed   uint64 // jobs that ended COMPLETED
-	Failed      uint64 // jobs that ended FAILED or CANCELLED after submission
-	Refused     uint64 // jobs failed as not attempted before submission
-	Blocked     int    // transfers past their deadline on the current server: new ones are refused meanwhile
-	BytesStored uint64 // object bytes of keys stored
+	Submitted uint64 // jobs handed to the transfer goroutines
+	Completed uint64 // jobs that ended COMPLETED
+	Failed    uint64 // jobs that ended FAILED or CANCELLED after submission
+	Refused   uint64 // jobs failed as not attempted before submission
+	Blocked   int    // transfers past their deadline on the current server: new ones are refused meanwhile
+	// BytesStored counts the object bytes of keys the server answered
+	// stored, a key the pool held already included: the server answers
+	// such a store as stored and keeps the first value, and the answer
+	// does not tell the two apart.
+	BytesStored uint64
 	BytesLoaded uint64 // object bytes of keys loaded
 	// AbandonedBuffers and AbandonedBytes are the buffers (and the bytes of
 	// their registered regions) that Close left registered because
@@ -69,7 +80,7 @@ type TransferStats struct {
 
 // lookupCounters are a scheduler handle's live counters.
 type lookupCounters struct {
-	lookups, hits, misses, timeouts, failures atomic.Uint64
+	lookups, hits, misses, timeouts, failures, unasked atomic.Uint64
 }
 
 func (c *lookupCounters) snapshot() LookupStats {
@@ -79,6 +90,7 @@ func (c *lookupCounters) snapshot() LookupStats {
 		Misses:   c.misses.Load(),
 		Timeouts: c.timeouts.Load(),
 		Failures: c.failures.Load(),
+		Unasked:  c.unasked.Load(),
 	}
 }
 

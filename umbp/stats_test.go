@@ -59,3 +59,24 @@ func TestStatsGroups(t *testing.T) {
 		t.Errorf("scheduler Transfers = %+v, want zero", s.Transfers)
 	}
 }
+
+// A lookup answered without asking (held off behind a call the stalled
+// server has not answered) counts as Unasked, not as a failure.
+func TestLookupsUnaskedAreNotFailures(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	h, err := rt.NewSchedulerHandle(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	h.Lookup(context.Background(), []string{"k"}) // dials its connections
+	srv.Stall()
+	defer srv.Resume()
+	h.Lookup(context.Background(), []string{"k"}) // times out: its probe stays unanswered
+	h.Lookup(context.Background(), []string{"k"}) // held off: not asked
+	st := h.Stats().Lookups
+	if st.Timeouts != 1 || st.Unasked != 1 || st.Failures != 0 || st.Calls != 3 {
+		t.Fatalf("lookups %+v; want 3 calls: 1 timeout, 1 unasked, no failure", st)
+	}
+}

@@ -11,14 +11,17 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 	"unicode/utf8"
 
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 
 	"github.com/umbp-go/umbp-go/internal/masterconn"
+	"github.com/umbp-go/umbp-go/internal/rpc"
 	"github.com/umbp-go/umbp-go/umbp"
 )
 
@@ -389,10 +392,52 @@ func (cf *clusterCommon) handle(ctx context.Context, c *common) (*umbp.Scheduler
 		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
 	h, err := rt.NewSchedulerHandle(ctx)
-	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-		return nil, fmt.Errorf("the master at %s accepts connections but did not answer within %v (-timeout): a stopped process, or not a UMBP master?", cf.master, cf.timeout)
+	switch {
+	case err == nil:
+		return h, nil
+	case errors.Is(err, rpc.ErrUnimplemented):
+		return nil, notAMaster(err)
+	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+		return nil, cf.silent(ctx)
 	}
-	return h, err
+	return nil, err
+}
+
+// notAMaster says that what answered at an address does not speak the
+// master's protocol (an HTTP server's 404, another gRPC service), in words
+// and with its answer's first line, rather than as gRPC's error.
+func notAMaster(err error) error {
+	addr := "-master"
+	var oe *umbp.OpError
+	if errors.As(err, &oe) && oe.Addr != "" {
+		addr = oe.Addr
+	}
+	said := "that it does not know the method"
+	var se interface{ GRPCStatus() *status.Status } // gRPC's own error, deepest in the chain
+	if errors.As(err, &se) && se.GRPCStatus().Message() != "" {
+		said, _, _ = strings.Cut(se.GRPCStatus().Message(), ";") // gRPC's words on the transport follow
+		said = strconv.Quote(said)
+	}
+	return fmt.Errorf("%s is not a UMBP master: asked for the master's BatchLookup, it answered %s; is -master the address of MORI's umbp_master?", addr, said)
+}
+
+// silent says, for each master, why none answered within -timeout: it
+// accepts connections but is silent (a stopped process, or not a UMBP
+// master), or what reach finds.
+func (cf *clusterCommon) silent(ctx context.Context) error {
+	masters := cf.masters()
+	if len(masters) == 1 {
+		return fmt.Errorf("the master at %s accepts connections but did not answer within %v (-timeout): a stopped process, or not a UMBP master?", cf.master, cf.timeout)
+	}
+	says := make([]string, len(masters))
+	for i, m := range masters {
+		if err := cf.reach(ctx, m); err != nil {
+			says[i] = err.Error()
+		} else {
+			says[i] = m + " accepts connections but did not answer (a stopped process, or not a UMBP master?)"
+		}
+	}
+	return fmt.Errorf("no master answered within %v (-timeout): %s", cf.timeout, strings.Join(says, "; "))
 }
 
 type scoreAnswer struct {

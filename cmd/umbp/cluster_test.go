@@ -1,8 +1,12 @@
 package main
 
 import (
+	"net/http"
+
 	"context"
 	"encoding/json"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/h2c"
 	"net"
 	"slices"
 	"strings"
@@ -143,7 +147,11 @@ func TestClusterUsageErrors(t *testing.T) {
 			t.Errorf("umbp %s: answered in %v", strings.Join(args, " "), took)
 		}
 		mustContain(t, strings.Join(args, " "), stderr, tc.want...)
-		mustContain(t, strings.Join(args, " "), stderr, "run 'umbp help cluster' for its flags\n")
+		help := "umbp help cluster" // with the subcommand the error is of
+		if len(tc.args) > 0 && tc.args[0] != "frob" {
+			help += " " + tc.args[0]
+		}
+		mustContain(t, strings.Join(args, " "), stderr, "umbp "+strings.TrimPrefix(help, "umbp help ")+": ", "run '"+help+"' for its flags\n")
 		if stdout != "" || strings.Count(stderr, "\n") > 3 || strings.Contains(stderr, "ClusterConfig") {
 			t.Errorf("umbp %s: stdout %q, stderr %q: want the error and a pointer to help", strings.Join(args, " "), stdout, stderr)
 		}
@@ -183,7 +191,7 @@ func TestClusterRefusedMaster(t *testing.T) {
 			if took > time.Second {
 				t.Errorf("umbp %s: answered in %v, want under a second", strings.Join(args, " "), took)
 			}
-			want := "umbp cluster: no master listens on " + addr + " (connection refused): start it, or name it with -master"
+			want := "umbp cluster " + args[1] + ": no master listens on " + addr + " (connection refused): start it, or name it with -master"
 			if !strings.HasPrefix(stderr, want) || strings.Count(stderr, "\n") != 1 {
 				t.Errorf("umbp %s:\n%s\nwant the one line %q", strings.Join(args, " "), stderr, want)
 			}
@@ -202,7 +210,7 @@ func TestClusterStoppedMaster(t *testing.T) {
 	}
 	defer ln.Close() // never accepted: as a SIGSTOPped master
 	_, stderr := mustRun(t, exitFail, "", "cluster", "lookup", "-master", ln.Addr().String(), "-timeout", "200ms", testKey("0a"))
-	want := "umbp cluster: the master at " + ln.Addr().String() + " accepts connections but did not answer within 200ms (-timeout): a stopped process"
+	want := "umbp cluster lookup: the master at " + ln.Addr().String() + " accepts connections but did not answer within 200ms (-timeout): a stopped process"
 	if !strings.HasPrefix(stderr, want) || strings.Contains(stderr, "rpc error") {
 		t.Errorf("stopped master:\n%s\nwant %q", stderr, want)
 	}
@@ -235,4 +243,43 @@ func TestClusterHelp(t *testing.T) {
 	}
 	out, _ = mustRun(t, exitOK, "", "help", "cluster")
 	mustContain(t, "help cluster", out, "-master", "-allow-plaintext", "-tls-ca", "-tls-cert", "-tls-key", "-tls-server-name", "-timeout", "umbp help cluster SUBCOMMAND")
+}
+
+// Something that is no UMBP master (an HTTP server's 404) is said in
+// words, with its answer, not as gRPC's error.
+func TestClusterNotAMaster(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: h2c.NewHandler(http.NotFoundHandler(), &http2.Server{})}
+	go hs.Serve(ln)
+	defer hs.Close()
+	_, stderr := mustRun(t, exitFail, "", "cluster", "score", "-master", ln.Addr().String(), "-nodes", "n1", "h0")
+	want := "umbp cluster score: " + ln.Addr().String() + ` is not a UMBP master: asked for the master's BatchLookup, it answered "unexpected HTTP status code received from server: 404 (Not Found)"; is -master the address of MORI's umbp_master?` + "\n"
+	if stderr != want {
+		t.Errorf("an HTTP server as the master:\n%s\nwant\n%s", stderr, want)
+	}
+}
+
+// With several masters and none answering, each is said apart: the
+// silent one, and the one no process listens on.
+func TestClusterSilentReplicas(t *testing.T) {
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close() // never accepted: as a SIGSTOPped master
+	gone, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := gone.Addr().String()
+	gone.Close()
+	_, stderr := mustRun(t, exitFail, "", "cluster", "score", "-master", silent.Addr().String()+","+refused, "-timeout", "200ms", "-nodes", "n1", "h0")
+	want := "umbp cluster score: no master answered within 200ms (-timeout): " + silent.Addr().String() +
+		" accepts connections but did not answer (a stopped process, or not a UMBP master?); no master listens on " + refused + " (connection refused)"
+	if !strings.HasPrefix(stderr, want) || strings.Contains(stderr, silent.Addr().String()+","+refused) {
+		t.Errorf("two silent masters:\n%s\nwant %q", stderr, want)
+	}
 }

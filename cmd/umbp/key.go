@@ -401,6 +401,20 @@ func words(r io.Reader, args []string) ([]string, error) {
 
 // readTokens reads token IDs from the arguments or standard input (see
 // words), separated by spaces, commas or newlines; brackets are ignored.
+// tokenForm is what token input looks like, as an error says it.
+const tokenForm = "token ids as integers, separated by spaces or commas, or a JSON array such as [1, 2, 3]"
+
+// badToken says why f is no token.
+func badToken(f string, err error) string {
+	switch {
+	case strings.ContainsAny(f, "{}\":"):
+		return fmt.Sprintf("token %q: a JSON object or string, not a token id: give %s (for a request's JSON, its token list, e.g. jq -c .prompt_token_ids)", f, tokenForm)
+	case errors.Is(err, strconv.ErrRange):
+		return fmt.Sprintf("token %q is out of range: token ids are 32-bit integers", f)
+	}
+	return fmt.Sprintf("token %q is not an integer: give %s", f, tokenForm)
+}
+
 func readTokens(r io.Reader, args []string) ([]int32, error) {
 	ws, err := words(r, args)
 	if err != nil {
@@ -412,7 +426,7 @@ func readTokens(r io.Reader, args []string) ([]int32, error) {
 		for f := range strings.FieldsSeq(w) {
 			t, err := strconv.ParseInt(f, 10, 32)
 			if err != nil {
-				return nil, fmt.Errorf("%w: token %q: %w", errUsage, f, err)
+				return nil, fmt.Errorf("%w: %s", errUsage, badToken(f, err))
 			}
 			out = append(out, int32(t))
 		}

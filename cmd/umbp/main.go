@@ -88,6 +88,25 @@ type command struct {
 	help func(fs *flag.FlagSet) string
 }
 
+// subcommands are the subcommands the command's synopsis names
+// ("make|parse|tokens ..."), none for a command without.
+func (c command) subcommands() []string {
+	subs, ok := strings.CutSuffix(c.args, " ...")
+	if !ok || !strings.Contains(subs, "|") {
+		return nil
+	}
+	return strings.Split(subs, "|")
+}
+
+// who is how an error of the command names it: with its subcommand, when
+// args start with one.
+func (c command) who(args []string) string {
+	if len(args) > 0 && slices.Contains(c.subcommands(), args[0]) {
+		return "umbp " + c.name + " " + args[0]
+	}
+	return "umbp " + c.name
+}
+
 func commands() []command {
 	return []command{
 		{"ping", "", "check that the server answers, and show what it offers", pingFlags, nil},
@@ -124,6 +143,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		c := &common{}
 		runCmd := cmd.flags(fs, c)
 		err := parseFlags(fs, rest)
+		who := cmd.who(fs.Args()) // before a subcommand parses the rest
 		if errors.Is(err, flag.ErrHelp) {
 			err = &helpText{text: commandHelp(cmd, fs)}
 		}
@@ -139,11 +159,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			fmt.Fprint(stdout, help.text)
 			return exitOK
 		case errors.Is(err, errUsage):
-			fmt.Fprintf(stderr, "umbp %s: %s\n", cmd.name, inFlagWords(err))
-			fmt.Fprintf(stderr, "run 'umbp help %s' for its flags\n", cmd.name)
+			fmt.Fprintf(stderr, "%s: %s\n", who, inFlagWords(err))
+			fmt.Fprintf(stderr, "run '%s' for its flags\n", strings.Replace(who, "umbp ", "umbp help ", 1))
 			return exitUsage
 		default:
-			fmt.Fprintf(stderr, "umbp %s: %s\n", cmd.name, inFlagWords(err))
+			fmt.Fprintf(stderr, "%s: %s\n", who, inFlagWords(err))
 			return exitFail
 		}
 	}

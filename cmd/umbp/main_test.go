@@ -108,7 +108,7 @@ func TestPing(t *testing.T) {
 	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
 	stdout, _ := mustRun(t, exitOK, "", "ping", "-endpoint", srv.Endpoint(), "-count", "2", "-fd")
 	mustContain(t, "ping", stdout, srv.Endpoint(), srv.FDSocketPath(), "ready      true",
-		"STANDALONE_BACKEND_LOCAL", "ranged I/O yes", "GPU memory cannot tell: Ping does not say", "over 2 pings\n", "fd handoff ok")
+		"STANDALONE_BACKEND_LOCAL", "ranged I/O yes", "GPU memory not said: Ping does not tell whether the server opens GPU IPC handles: one without a usable GPU, or the Go server with -gpu off, answers the same", "over 2 pings\n", "fd handoff ok")
 	if strings.Contains(stdout, "GPU memory by IPC") {
 		t.Errorf("ping claims GPU memory on a server that may have no GPU:\n%s", stdout)
 	}
@@ -414,7 +414,7 @@ func TestKey(t *testing.T) {
 	// the others is written.
 	for _, hash := range []string{"abc", "zzzz"} {
 		stdout, stderr := mustRun(t, exitUsage, "", "key", "make", "-ns", "llama", "00", hash)
-		mustContain(t, "key make "+hash, stderr, "umbp key: invalid key: hex hash \""+hash+"\"", "run 'umbp help key'")
+		mustContain(t, "key make "+hash, stderr, "umbp key make: invalid key: hex hash \""+hash+"\"", "run 'umbp help key make'")
 		if stdout != "" {
 			t.Errorf("key make 00 %s: wrote\n%s", hash, stdout)
 		}
@@ -564,16 +564,17 @@ func TestBadFlagOneLine(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"key", "make", "-topo", "tp=x", "ab"}, `umbp key: invalid value "tp=x" for flag -topo: "tp=x": strconv.Atoi: parsing "x": invalid syntax`},
-		{[]string{"key", "-topo", "xp=1", "make", "ab"}, `umbp key: invalid value "xp=1" for flag -topo: "xp=1": unknown dimension "xp": want tp, pcp, dcp or pp`},
-		{[]string{"key", "tokens", "-bogus"}, "umbp key: flag provided but not defined: -bogus"},
+		{[]string{"key", "make", "-topo", "tp=x", "ab"}, `umbp key make: invalid value "tp=x" for flag -topo: "tp=x": strconv.Atoi: parsing "x": invalid syntax`},
+		{[]string{"key", "-topo", "xp=1", "make", "ab"}, `umbp key make: invalid value "xp=1" for flag -topo: "xp=1": unknown dimension "xp": want tp, pcp, dcp or pp`},
+		{[]string{"key", "tokens", "-bogus"}, "umbp key tokens: flag provided but not defined: -bogus"},
 		{[]string{"ping", "-count", "x"}, `umbp ping: invalid value "x" for flag -count: parse error`},
 		{[]string{"lookup", "-nosuchflag"}, "umbp lookup: flag provided but not defined: -nosuchflag"},
 		{[]string{"bench", "-objects", "many"}, `umbp bench: invalid value "many" for flag -objects: parse error`},
-		{[]string{"cluster", "lookup", "-topo", "tp=1/2,pp=2"}, `umbp cluster: invalid value "tp=1/2,pp=2" for flag -topo: "tp=1/2,pp=2": write every dimension as NAME=RANK/SIZE (one rank) or every one as NAME=SIZE (the engine's sizes), not both`},
+		{[]string{"cluster", "lookup", "-topo", "tp=1/2,pp=2"}, `umbp cluster lookup: invalid value "tp=1/2,pp=2" for flag -topo: "tp=1/2,pp=2": write every dimension as NAME=RANK/SIZE (one rank) or every one as NAME=SIZE (the engine's sizes), not both`},
 	} {
 		stdout, stderr := mustRun(t, exitUsage, "", tc.args...)
-		cmd := tc.args[0]
+		// The error and the pointer name the subcommand, where there is one.
+		cmd := strings.TrimSuffix(strings.TrimPrefix(tc.want[:strings.Index(tc.want, ": ")], "umbp "), ":")
 		if want := tc.want + "\nrun 'umbp help " + cmd + "' for its flags\n"; stderr != want || stdout != "" {
 			t.Errorf("umbp %s:\nstdout %q\nstderr %q\nwant stderr %q", strings.Join(tc.args, " "), stdout, stderr, want)
 		}
@@ -683,4 +684,14 @@ func TestBenchWorkingSetExceedsPool(t *testing.T) {
 	if strings.Count(stderr, "\n") != 1 || strings.Contains(stderr, "not in the pool: key") {
 		t.Errorf("bench: not one line:\n%s", stderr)
 	}
+}
+
+// Token input that is not token ids says what token input is.
+func TestTokenInputSaysItsForm(t *testing.T) {
+	_, stderr := mustRun(t, exitUsage, `{"prompt_token_ids": [1, 2]}`, "key", "tokens", "-ns", "m", "-seed", "0", "-")
+	mustContain(t, "a JSON object", stderr,
+		`umbp key tokens: token "{\"prompt_token_ids\":": a JSON object or string, not a token id: give token ids as integers, separated by spaces or commas, or a JSON array such as [1, 2, 3] (for a request's JSON, its token list, e.g. jq -c .prompt_token_ids)`,
+		"run 'umbp help key tokens' for its flags")
+	_, stderr = mustRun(t, exitUsage, "", "key", "tokens", "-ns", "m", "-seed", "0", "1", "x2")
+	mustContain(t, "a word", stderr, `umbp key tokens: token "x2" is not an integer: give token ids as integers`)
 }

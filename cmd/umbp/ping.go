@@ -113,7 +113,7 @@ func ping(ctx context.Context, c *common, rt *umbp.StandaloneRuntime, count int,
 func gpuMemory(caps umbp.ServerCapabilities) (*bool, string) {
 	switch {
 	case caps.RangedIO:
-		return nil, "Ping does not say whether the server can open GPU IPC handles (one without a usable GPU refuses them); only registering GPU memory shows it"
+		return nil, "Ping does not tell whether the server opens GPU IPC handles: one without a usable GPU, or the Go server with -gpu off, answers the same and refuses them; registering GPU memory shows which"
 	case caps.Mode == "STANDALONE_BACKEND_DISTRIBUTED":
 		return nil, "Ping does not say; in distributed mode a server may take GPU memory without ranged I/O; only registering GPU memory shows it"
 	}
@@ -156,7 +156,7 @@ func printPing(e env, r *pingResult) {
 		p("ranged I/O", "no: contiguous batches only (a v1 server, or v2 with its SSD tier on)")
 	}
 	if r.GPUMemory == nil {
-		p("GPU memory", "cannot tell: %s", r.GPUMemoryNote)
+		p("GPU memory", "not said: %s", r.GPUMemoryNote)
 	} else {
 		p("GPU memory", "no: %s", r.GPUMemoryNote)
 	}

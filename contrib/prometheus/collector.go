@@ -38,7 +38,7 @@ type Collector struct {
 	handles map[string]StatsSource
 
 	state, rangedIO, reconnects                           *prometheus.Desc
-	lookups, hits, misses, timeouts, failures             *prometheus.Desc
+	lookups, hits, misses, timeouts, failures, unasked    *prometheus.Desc
 	submitted, completed, failed, refused, blocked        *prometheus.Desc
 	bytesStored, bytesLoaded, abandonedBufs, abandonedLen *prometheus.Desc
 	replicaUp, replicaAside, replicaCalls, replicaHedges  *prometheus.Desc
@@ -61,6 +61,7 @@ func NewCollector() *Collector {
 		misses:        d("lookup_misses_total", "Keys answered absent, including the keys of failed calls."),
 		timeouts:      d("lookup_timeouts_total", "Scheduler calls that got no reply within LookupTimeout."),
 		failures:      d("lookup_failures_total", "Scheduler calls that failed or were refused (not timeouts)."),
+		unasked:       d("lookup_unasked_total", "Scheduler calls answered misses at once without asking a server (held off, reconnecting, closed, or the master's store said out)."),
 		submitted:     d("transfers_submitted_total", "Transfer jobs handed to the transfer goroutines."),
 		completed:     d("transfers_completed_total", "Transfer jobs that ended COMPLETED."),
 		failed:        d("transfers_failed_total", "Transfer jobs that ended FAILED or CANCELLED after submission."),
@@ -100,7 +101,7 @@ func (c *Collector) Remove(name string) {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.state, c.rangedIO, c.reconnects,
-		c.lookups, c.hits, c.misses, c.timeouts, c.failures,
+		c.lookups, c.hits, c.misses, c.timeouts, c.failures, c.unasked,
 		c.submitted, c.completed, c.failed, c.refused, c.blocked,
 		c.bytesStored, c.bytesLoaded, c.abandonedBufs, c.abandonedLen,
 		c.replicaUp, c.replicaAside, c.replicaCalls, c.replicaHedges,
@@ -146,6 +147,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			counter(c.misses, l.Misses)
 			counter(c.timeouts, l.Timeouts)
 			counter(c.failures, l.Failures)
+			counter(c.unasked, l.Unasked)
 		}
 		for _, r := range s.Replicas {
 			gauge(c.replicaUp, b2f(r.State == umbp.StateConnected), r.Addr)

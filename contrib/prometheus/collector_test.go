@@ -111,10 +111,10 @@ umbp_transfers_blocked{handle="worker"} 0
 	if err := testutil.CollectAndCompare(c, strings.NewReader(want), names...); err != nil {
 		t.Fatal(err)
 	}
-	// 3 state series + ranged I/O + reconnects per handle, 5 lookup series
+	// 3 state series + ranged I/O + reconnects per handle, 6 lookup series
 	// for the scheduler, 9 transfer series for the worker.
-	if n := testutil.CollectAndCount(c); n != 2*5+5+9 {
-		t.Errorf("%d series, want %d", n, 2*5+5+9)
+	if n := testutil.CollectAndCount(c); n != 2*5+6+9 {
+		t.Errorf("%d series, want %d", n, 2*5+6+9)
 	}
 	problems, err := testutil.CollectAndLint(c)
 	if err != nil {
@@ -168,7 +168,7 @@ func TestCollectorEveryMetric(t *testing.T) {
 		State:        umbp.StateReconnecting,
 		Capabilities: umbp.ServerCapabilities{RangedIO: true},
 		Reconnects:   3,
-		Lookups:      umbp.LookupStats{Calls: 11, Hits: 12, Misses: 13, Timeouts: 14, Failures: 15},
+		Lookups:      umbp.LookupStats{Calls: 11, Hits: 12, Misses: 13, Timeouts: 14, Failures: 15, Unasked: 16},
 		Transfers: umbp.TransferStats{
 			Submitted: 21, Completed: 22, Failed: 23, Refused: 24, Blocked: 25,
 			BytesStored: 26, BytesLoaded: 27, AbandonedBuffers: 28, AbandonedBytes: 29,
@@ -201,6 +201,9 @@ umbp_lookup_misses_total{handle="h"} 13
 # HELP umbp_lookup_timeouts_total Scheduler calls that got no reply within LookupTimeout.
 # TYPE umbp_lookup_timeouts_total counter
 umbp_lookup_timeouts_total{handle="h"} 14
+# HELP umbp_lookup_unasked_total Scheduler calls answered misses at once without asking a server (held off, reconnecting, closed, or the master's store said out).
+# TYPE umbp_lookup_unasked_total counter
+umbp_lookup_unasked_total{handle="h"} 16
 # HELP umbp_lookups_total Scheduler calls that asked the server about keys.
 # TYPE umbp_lookups_total counter
 umbp_lookups_total{handle="h"} 11
