@@ -246,7 +246,7 @@ func (d *demo) stopAndContinue(ctx context.Context) error {
 	case <-time.After(30 * time.Second):
 		return errors.New("the blocked store did not end once the server resumed")
 	}
-	d.say("  the blocked store ended %s, %v after the server resumed", stuck.Status(), time.Since(resumed).Round(time.Millisecond))
+	d.say("  the blocked store ended %s, %v after the server resumed", stuck.Status(), time.Since(resumed).Round(10*time.Microsecond))
 	if err := d.untilHits(ctx, d.blocks); err != nil {
 		return err
 	}
