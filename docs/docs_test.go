@@ -105,6 +105,18 @@ var figures = []struct{ doc, text string }{
 	{"docs/CLUSTER.md", "`LoadFailureQuarantine`: default {umbp.DefaultLoadFailureQuarantine/s} s"},
 	{"docs/PERFORMANCE.md", "median of {flag:umbp bench -exists-reps} lookups of that many keys"},
 	{"docs/PERFORMANCE.md", "median of {flag:umbp bench -bw-reps} jobs of 256 objects of 64 KiB"},
+	// Where each kind of call runs (umbp/callsites.go, checked against the
+	// calls by TestWhereCallsRun).
+	{"docs/ARCHITECTURE.md", "| `Lookup`, `LookupPrefix`, `LookupTokens` | {umbp.whereLookups}, a lock-step call ended at `LookupTimeout` |"},
+	{"docs/ARCHITECTURE.md", "| `Score`, `Clear`, `Ping`, lookups with `GRPCLookups` | {umbp.whereOtherCalls}, waited for at most `LookupTimeout` |"},
+	{"docs/ARCHITECTURE.md", "| `Store`, `Load`, `StoreBlocks`, `LoadBlocks` | {umbp.whereTransfers}, waited for at most the job's deadline;"},
+	{"docs/ARCHITECTURE.md", "`MatchExternalKv` | {umbp.whereWorkerCalls}, bounded by `Timeout` |"},
+	{"docs/ARCHITECTURE.md", "The call itself is lock-step (`internal/h2call`) and runs {umbp.whereLookups}"},
+	{"umbp/doc.go", "a lookup runs {umbp.whereLookups}, as a lock-step call ended at LookupTimeout;"},
+	{"umbp/doc.go", "Score, Clear, Ping (and lookups with GRPCLookups) run {umbp.whereOtherCalls}, waited for at most LookupTimeout;"},
+	{"umbp/doc.go", "a transfer runs {umbp.whereTransfers} (the server may use its memory"},
+	{"umbp/doc.go", "RegisterBuffers and the external-KV calls run {umbp.whereWorkerCalls}, bounded by Timeout."},
+	{"umbp/scheduler.go", "// A lookup runs {umbp.whereLookups} (a lock-step call, its connection interrupted at"},
 	{"docs/DEPLOYMENT.md", "| `-capacity` | `{flag:umbp-standalone-server -capacity}` |"},
 	{"docs/DEPLOYMENT.md", "| `-prefault` | `{flag:umbp-standalone-server -prefault}` |"},
 	{"docs/DEPLOYMENT.md", "| `-version` | `{flag:umbp-standalone-server -version}` |"},

@@ -20,8 +20,11 @@
 // the engine faster. A stalled, slow, crashed or missing server shows up as
 // cache misses within a deadline — never as a hung engine step, never as
 // wrong bytes, never as memory freed while the server still uses it. Every
-// server call runs on a detached goroutine pool, and callers wait for it at
-// most a configured bound.
+// server call is bounded, and runs where its bound can hold it:
+//   - a lookup runs on the caller's own goroutine, as a lock-step call ended at LookupTimeout;
+//   - Score, Clear, Ping (and lookups with GRPCLookups) run on a detached goroutine, waited for at most LookupTimeout;
+//   - a transfer runs on the handle's detached transfer goroutines (the server may use its memory until it answers, so it is never cut off), waited for at most its deadline;
+//   - RegisterBuffers and the external-KV calls run on the caller's own goroutine, bounded by Timeout.
 //
 // # Errors
 //

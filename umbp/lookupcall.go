@@ -13,19 +13,19 @@ import (
 	"github.com/umbp-go/umbp-go/internal/masterconn"
 )
 
-// A scheduler handle's calls run on detached goroutines, a few per
-// connection (lookupWorkers, for callers of their own at once), and the
-// caller waits for each at most LookupTimeout: a call that overran stays in
-// flight and holds later calls off (they fail at once) until it returns, so
-// a stalled server costs a few goroutines, never a queue of them, and never
-// a caller's time.
-//
-// Lookups made lock-step (lookupSource.inline) run on the caller's own
-// goroutine instead, with no hand-off either way: the call ends when its
-// context does, its connection interrupted, so LookupTimeout bounds it as
-// surely. One that overran leaves a probe in flight on a detached
-// goroutine (the same question, of no key), which holds later calls off
-// until the server answers it, as a call that overran does.
+// A scheduler handle's lookups (lookupSource.inline: lock-step calls) run
+// on the caller's own goroutine, with no hand-off either way: the call ends
+// when its context does, its connection interrupted, so LookupTimeout
+// bounds it as surely. Its other calls (Score, Clear, Ping, and lookups
+// through grpc-go) run on detached goroutines, a few per connection
+// (lookupWorkers, for callers of their own at once), and the caller waits
+// for each at most LookupTimeout. A call left unanswered either way leaves
+// a probe in flight on a detached goroutine (the same question, of no
+// key), which holds later calls off (they fail at once) until the server
+// answers it; a detached call that overran holds them off until it
+// returns, too. So a stalled server costs a few goroutines, never a queue
+// of them, and never a caller's time. callsites.go says where each kind of
+// call runs, as the documents quote it.
 
 // lookupBackend is what a scheduler handle asks: a standalone server
 // through its link (standaloneBackend), or MORI's master (masterBackend).
@@ -88,8 +88,10 @@ var (
 	errNoReply = errors.New("no reply")
 )
 
-// caller runs calls to a backend's current connection on its detached
-// goroutines, each bounded by timeout.
+// caller runs a scheduler handle's calls to its backend's current
+// connection, each bounded by timeout: lookups on the caller's goroutine
+// where the source is lock-step, the others on its detached goroutines;
+// and it holds calls off after one was left unanswered.
 type caller struct {
 	backend lookupBackend
 	timeout time.Duration

@@ -18,11 +18,16 @@ import (
 
 // SchedulerHandle answers a scheduler's questions about which KV blocks the
 // shared pool holds, and a router's about where a prompt lives. It never
-// holds its caller up: every call runs on a detached goroutine, and a call
-// that fails or gets no reply within LookupTimeout answers as a miss. Until
-// a call that overran returns, later calls answer misses at once without
-// touching the server. If the server goes away, the handle attaches to its
-// successor on its own; meanwhile lookups answer misses at once.
+// holds its caller up: a call that fails or gets no reply within
+// LookupTimeout answers as a miss.
+// A lookup runs on the caller's own goroutine (a lock-step call, its connection interrupted at
+// LookupTimeout); Score, Clear and Ping, and lookups with
+// Config.GRPCLookups, run on a detached goroutine that the caller waits for
+// at most LookupTimeout. A call left unanswered leaves a probe of the
+// server in flight, and until the server answers it later calls answer
+// misses at once without asking (on the master's replicas, only while no
+// other replica answers). If the server goes away, the handle attaches to
+// its successor on its own; meanwhile lookups answer misses at once.
 //
 // A [StandaloneRuntime] yields handles on one node's server, a
 // [ClusterRuntime] on MORI's master: the same calls, the same bounds.
