@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
+	"github.com/umbp-go/umbp-go/internal/errdefs"
 	"github.com/umbp-go/umbp-go/internal/hip"
 )
 
@@ -91,7 +92,7 @@ func (s *regionSet) addGPU(ctx context.Context, c *conn.Conn, name string, b Buf
 	// same address (another handle, or size): the server then retires the
 	// old one's regions and opens the new handle.
 	if err := g.register(ctx, c, allocBase, allocSize); err != nil {
-		if errors.Is(err, conn.ErrRefused) && !c.Capabilities().RangedIO {
+		if errors.Is(err, errdefs.ErrRefused) && !c.Capabilities().RangedIO {
 			err = fmt.Errorf("%w: this server does not serve ranged I/O (a v1 server, or one with its SSD tier on) and takes no GPU memory: %w", ErrNotSupported, err)
 		}
 		return fmt.Errorf("register the allocation %#x (%d bytes) on device %d: %w", allocBase, allocSize, dev, err)

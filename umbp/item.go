@@ -7,6 +7,8 @@ import (
 	"slices"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
+	"github.com/umbp-go/umbp-go/internal/errdefs"
+	"github.com/umbp-go/umbp-go/internal/rpc"
 	"github.com/umbp-go/umbp-go/internal/slicepool"
 )
 
@@ -139,7 +141,7 @@ func (r *results) inDoubt() bool {
 // whatever the reason says. This is the one rule: a job keeps its buffers,
 // and a staging buffer is set aside, while it holds.
 func inDoubt(err error) bool {
-	return errors.Is(err, conn.ErrUnavailable) && !errors.Is(err, ErrNotAttempted) && !errors.Is(err, conn.ErrNotSent)
+	return errors.Is(err, errdefs.ErrUnavailable) && !errors.Is(err, ErrNotAttempted) && !errors.Is(err, rpc.ErrNotSent)
 }
 
 // segments moves keys[i] between the pool and segs[i] (BatchPut or

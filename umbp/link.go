@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
+	"github.com/umbp-go/umbp-go/internal/errdefs"
 )
 
 // sockIdent identifies one server's socket: a restarted server unlinks and
@@ -226,7 +227,7 @@ func (l *link) conn() *conn.Conn {
 // failed reports a call's error: a transport failure makes the link look
 // at its server at once.
 func (l *link) failed(err error) {
-	if errors.Is(err, conn.ErrUnavailable) {
+	if errors.Is(err, errdefs.ErrUnavailable) {
 		l.kick()
 	}
 }

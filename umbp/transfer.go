@@ -10,6 +10,8 @@ import (
 
 	"github.com/umbp-go/umbp-go/internal/conn"
 	"github.com/umbp-go/umbp-go/internal/daemonpool"
+	"github.com/umbp-go/umbp-go/internal/errdefs"
+	"github.com/umbp-go/umbp-go/internal/rpc"
 )
 
 // jobRunner runs a worker handle's jobs, from submission to every key's
@@ -314,7 +316,7 @@ func keyError(kind jobKind, obj *conn.Object, ok bool, reqErr, lost error) error
 	case ok:
 		return nil
 	case reqErr != nil:
-		if errors.Is(reqErr, conn.ErrNotSent) {
+		if errors.Is(reqErr, rpc.ErrNotSent) {
 			return notAttempted(reqErr)
 		}
 		if !isKeySentinel(reqErr) {
@@ -351,7 +353,7 @@ func (t *jobRunner) retryStores(ctx context.Context, tr transport, items []item,
 		if len(failed) == 0 {
 			return nil
 		}
-		if err := tr.flush(ctx); errors.Is(err, conn.ErrUnavailable) {
+		if err := tr.flush(ctx); errors.Is(err, errdefs.ErrUnavailable) {
 			return nil // a Flush names no memory
 		}
 		time.Sleep(pause)

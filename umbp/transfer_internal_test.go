@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
+	"github.com/umbp-go/umbp-go/internal/errdefs"
 )
 
 // scriptTransport answers each move with the next of its answers.
@@ -96,7 +97,7 @@ func TestStoreRetryKeepsLastError(t *testing.T) {
 	// sent, so it is not reported as not attempted.
 	w = scriptWorker()
 	job, items = scriptJob(w, kindStore, "b")
-	cut := fmt.Errorf("BatchPut: %w: connection reset", conn.ErrUnavailable)
+	cut := fmt.Errorf("BatchPut: %w: connection reset", errdefs.ErrUnavailable)
 	tr = &scriptTransport{answers: []func([]item) ([]bool, []error){
 		func([]item) ([]bool, []error) {
 			return []bool{false}, []error{notAttempted(errors.New("waiting for another registration"))}

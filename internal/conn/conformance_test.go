@@ -13,7 +13,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/umbp-go/umbp-go/internal/errdefs"
 	"github.com/umbp-go/umbp-go/internal/fdpass"
+	"github.com/umbp-go/umbp-go/internal/rpc"
 	"github.com/umbp-go/umbp-go/internal/server"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
@@ -93,7 +95,7 @@ func wantBools(t *testing.T, what string, got []bool, err error, want ...bool) {
 func wantReason(t *testing.T, what string, err error, reason string) {
 	t.Helper()
 	var re *RefusedError
-	if !errors.As(err, &re) || re.Reason != reason || !errors.Is(err, ErrRefused) {
+	if !errors.As(err, &re) || re.Reason != reason || !errors.Is(err, errdefs.ErrRefused) {
 		t.Fatalf("%s: %v; want refusal %q", what, err, reason)
 	}
 }
@@ -139,7 +141,7 @@ func TestConformanceLyingSize(t *testing.T) {
 	ctx := context.Background()
 	fd, mem := memfd(t, 4096)
 	// The Conn never sends a claim beyond the file's size.
-	if err := c.RegisterHost(ctx, fd, addr(mem), 1<<20); !errors.Is(err, ErrInvalidArgument) {
+	if err := c.RegisterHost(ctx, fd, addr(mem), 1<<20); !errors.Is(err, rpc.ErrInvalidArgument) {
 		t.Fatalf("RegisterHost with a lying size = %v", err)
 	}
 	if st := srv.Stats(); st.FDHandoffs != 0 || st.Regions != 0 {
@@ -626,11 +628,11 @@ func TestConformanceV1Server(t *testing.T) {
 	mustOK(t, "v1 Get")(c.Get(ctx, "k", r.seg(1000, 100)))
 	o := []Object{{Key: "k2", Size: 10, Ranges: []Range{r.rng(0, 10, 0)}}}
 	got, err := joined(c.BatchPutRanges(ctx, o))
-	if !errors.Is(err, ErrUnimplemented) || fmt.Sprint(got) != "[false]" {
+	if !errors.Is(err, rpc.ErrUnimplemented) || fmt.Sprint(got) != "[false]" {
 		t.Fatalf("v1 BatchPutRanges = %v, %v", got, err)
 	}
 	got, err = joined(c.BatchGetRanges(ctx, o))
-	if !errors.Is(err, ErrUnimplemented) || fmt.Sprint(got) != "[false]" {
+	if !errors.Is(err, rpc.ErrUnimplemented) || fmt.Sprint(got) != "[false]" {
 		t.Fatalf("v1 BatchGetRanges = %v, %v", got, err)
 	}
 	// v1 ignores the GPU fields: a GPU registration looks like a host one

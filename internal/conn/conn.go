@@ -32,16 +32,15 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/umbp-go/umbp-go/internal/h2call"
-	"github.com/umbp-go/umbp-go/internal/rpc"
-
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/stats"
 
+	"github.com/umbp-go/umbp-go/internal/errdefs"
 	"github.com/umbp-go/umbp-go/internal/fdpass"
+	"github.com/umbp-go/umbp-go/internal/h2call"
+	"github.com/umbp-go/umbp-go/internal/rpc"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
@@ -150,7 +149,7 @@ type Conn struct {
 func Dial(ctx context.Context, opts Options) (*Conn, error) {
 	grpcPath, fdPath, err := fdpass.SocketPaths(opts.Endpoint)
 	if err != nil {
-		return nil, fmt.Errorf("dial: %w: %w", ErrInvalidArgument, err)
+		return nil, fmt.Errorf("dial: %w: %w", rpc.ErrInvalidArgument, err)
 	}
 	tr := opts.Trust
 	if tr == nil {
@@ -229,7 +228,7 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 		if err != nil {
 			_ = cc.Close()
 			c.peers.close()
-			return nil, fmt.Errorf("dial: %w: %w", ErrUnavailable, err)
+			return nil, fmt.Errorf("dial: %w: %w", errdefs.ErrUnavailable, err)
 		}
 	}
 	// From now on the connection is its one transport: a lost one is not
@@ -252,11 +251,11 @@ func (c *Conn) attach(ctx context.Context) (Capabilities, error) {
 	case err != nil:
 		what := c.diagnose(err)
 		if cerr := ctx.Err(); cerr != nil {
-			return Capabilities{}, fmt.Errorf("%w: %s: %w", ErrUnavailable, what, cerr)
+			return Capabilities{}, fmt.Errorf("%w: %s: %w", errdefs.ErrUnavailable, what, cerr)
 		}
-		return Capabilities{}, fmt.Errorf("%w: %s", ErrUnavailable, what)
+		return Capabilities{}, fmt.Errorf("%w: %s", errdefs.ErrUnavailable, what)
 	case !resp.GetReady():
-		return Capabilities{}, fmt.Errorf("%w: the server answered ready=false (still starting?)", ErrUnavailable)
+		return Capabilities{}, fmt.Errorf("%w: the server answered ready=false (still starting?)", errdefs.ErrUnavailable)
 	}
 	// The channel's state lags the call that just went through: let it
 	// catch up, so that State is READY once Dial returns.
@@ -302,7 +301,7 @@ func (c *Conn) dialGRPC(ctx context.Context, _ string) (net.Conn, error) {
 	}
 	if err := c.trust.checkConn(c.grpcPath, nc.(*net.UnixConn)); err != nil {
 		_ = nc.Close()
-		if errors.Is(err, ErrUntrustedServer) {
+		if errors.Is(err, errdefs.ErrUntrustedServer) {
 			c.refusal.CompareAndSwap(nil, &err)
 		}
 		return nil, err
@@ -328,18 +327,18 @@ func (c *Conn) dialGRPC(ctx context.Context, _ string) (net.Conn, error) {
 // connection passes the trust check as every one does.
 func (c *Conn) dialLookup(ctx context.Context) (net.Conn, error) {
 	if c.closed.Load() {
-		return nil, ErrClosed
+		return nil, errdefs.ErrClosed
 	}
 	if s := c.cc.GetState(); s != connectivity.Ready {
-		return nil, fmt.Errorf("%w: %w", ErrUnavailable, errTransportLost)
+		return nil, fmt.Errorf("%w: %w", errdefs.ErrUnavailable, errTransportLost)
 	}
 	if id, err := statSocket(c.grpcPath); err != nil || id != c.ident {
-		return nil, fmt.Errorf("%w: %w", ErrUnavailable, errServerReplaced)
+		return nil, fmt.Errorf("%w: %w", errdefs.ErrUnavailable, errServerReplaced)
 	}
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unix", c.grpcPath)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: %w", errdefs.ErrUnavailable, err)
 	}
 	uc := nc.(*net.UnixConn)
 	if err := c.trust.checkConn(c.grpcPath, uc); err != nil {
@@ -348,7 +347,7 @@ func (c *Conn) dialLookup(ctx context.Context) (net.Conn, error) {
 	}
 	if want, got := c.serverPID.Load(), int64(peerPID(uc)); want != 0 && got != want {
 		_ = nc.Close()
-		return nil, fmt.Errorf("%w: %w", ErrUnavailable, errServerReplaced)
+		return nil, fmt.Errorf("%w: %w", errdefs.ErrUnavailable, errServerReplaced)
 	}
 	c.peers.add(uc)
 	return nc, nil
@@ -465,7 +464,7 @@ func (c *Conn) Close() error {
 // usable returns ErrClosed (and ErrNotSent) after Close.
 func (c *Conn) usable(op string) error {
 	if c.closed.Load() {
-		return fmt.Errorf("%s: %w (%w)", op, ErrClosed, ErrNotSent)
+		return fmt.Errorf("%s: %w (%w)", op, errdefs.ErrClosed, rpc.ErrNotSent)
 	}
 	return nil
 }

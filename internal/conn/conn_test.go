@@ -27,8 +27,10 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/umbp-go/umbp-go/internal/errdefs"
 	"github.com/umbp-go/umbp-go/internal/fdpass"
 	"github.com/umbp-go/umbp-go/internal/h2call"
+	"github.com/umbp-go/umbp-go/internal/rpc"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
@@ -197,7 +199,7 @@ func TestDialOneAttempt(t *testing.T) {
 		return nil, nil
 	})
 	_, err := Dial(context.Background(), Options{Endpoint: f.endpoint})
-	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "ready=false") || pings.Load() != 1 {
+	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "ready=false") || pings.Load() != 1 {
 		t.Fatalf("Dial to a server not ready: %v after %d pings", err, pings.Load())
 	}
 	c := dial(t, f.endpoint)
@@ -216,8 +218,8 @@ func TestDialNoSocket(t *testing.T) {
 		_ = c.Close()
 		t.Fatal("Dial succeeded with nothing listening")
 	}
-	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "no socket file") || strings.Contains(err.Error(), endpoint) {
-		t.Fatalf("error %v: want ErrUnavailable saying there is no socket file, without the endpoint", err)
+	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "no socket file") || strings.Contains(err.Error(), endpoint) {
+		t.Fatalf("error %v: want errdefs.ErrUnavailable saying there is no socket file, without the endpoint", err)
 	}
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("Dial took %v", d)
@@ -246,7 +248,7 @@ func TestDialSilentServer(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	_, err := Dial(ctx, Options{Endpoint: "unix://" + path})
-	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "never answered") {
+	if !errors.Is(err, errdefs.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "never answered") {
 		t.Fatalf("error %v", err)
 	}
 	if d := time.Since(start); d > 3*time.Second {
@@ -259,8 +261,8 @@ func TestDialInvalid(t *testing.T) {
 		{Endpoint: "relative.sock"},
 		{Endpoint: "unix:///" + strings.Repeat("x", 120)},
 	} {
-		if _, err := Dial(context.Background(), opts); !errors.Is(err, ErrInvalidArgument) {
-			t.Errorf("Dial(%+v) = %v, want ErrInvalidArgument", opts, err)
+		if _, err := Dial(context.Background(), opts); !errors.Is(err, rpc.ErrInvalidArgument) {
+			t.Errorf("Dial(%+v) = %v, want rpc.ErrInvalidArgument", opts, err)
 		}
 	}
 }
@@ -273,10 +275,10 @@ func TestNoRedialAfterLoss(t *testing.T) {
 	f := startFake(t)
 	c := dial(t, f.endpoint)
 	f.stop()
-	if _, err := c.Ping(context.Background()); !errors.Is(err, ErrUnavailable) {
+	if _, err := c.Ping(context.Background()); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("Ping with the server down: %v", err)
 	}
-	if ok, err := c.Exists(context.Background(), "k"); ok || !errors.Is(err, ErrUnavailable) {
+	if ok, err := c.Exists(context.Background(), "k"); ok || !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("Exists with the server down: %v, %v", ok, err)
 	} else if st, _ := status.FromError(err); st.Code() != codes.Unavailable {
 		t.Fatalf("status %v", st)
@@ -302,7 +304,7 @@ func TestNoRedialAfterLoss(t *testing.T) {
 			t.Fatalf("no redial within 30s (refused %d)", c.redialsRefused.Load())
 		}
 	}
-	if _, err := c.Ping(context.Background()); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), errTransportLost.Error()) {
+	if _, err := c.Ping(context.Background()); !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), errTransportLost.Error()) {
 		t.Fatalf("Ping on the lost Conn with the server back: %v", err)
 	}
 	if n := c.Transports(); n != 1 {
@@ -329,11 +331,11 @@ func TestLookupsNotRedialledToANewServer(t *testing.T) {
 	f.serve(t) // a new server, a new socket at the same path
 	for range 3 {
 		ok, errs := c.BatchExists(ctx, []string{"a"})
-		if len(errs) != 1 || !errors.Is(errs[0], ErrUnavailable) || ok[0] {
+		if len(errs) != 1 || !errors.Is(errs[0], errdefs.ErrUnavailable) || ok[0] {
 			t.Fatalf("BatchExists with the server replaced: %v, %v", ok, errs)
 		}
 	}
-	if n, err := c.BatchExistsConsecutive(ctx, []string{"a"}); n != 0 || !errors.Is(err, ErrUnavailable) {
+	if n, err := c.BatchExistsConsecutive(ctx, []string{"a"}); n != 0 || !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("BatchExistsConsecutive with the server replaced: %d, %v", n, err)
 	}
 	if calls := f.take(); len(calls) != 0 {
@@ -425,7 +427,7 @@ func TestGRPCLookups(t *testing.T) {
 		t.Fatalf("BatchExists: %v", errs)
 	}
 	f.stop()
-	if _, errs := c.BatchExists(context.Background(), []string{"a"}); len(errs) != 1 || !errors.Is(errs[0], ErrUnavailable) {
+	if _, errs := c.BatchExists(context.Background(), []string{"a"}); len(errs) != 1 || !errors.Is(errs[0], errdefs.ErrUnavailable) {
 		t.Fatalf("BatchExists with the server down: %v", errs)
 	}
 }
@@ -728,7 +730,7 @@ func TestRefusals(t *testing.T) {
 	seg := Segment{RegionBase: 0x1000, Size: 1}
 	var re *RefusedError
 	ok, err := c.Put(ctx, "k", seg)
-	if ok || !errors.Is(err, ErrRefused) || !errors.As(err, &re) || re.Reason != reason || re.Op != "Put" {
+	if ok || !errors.Is(err, errdefs.ErrRefused) || !errors.As(err, &re) || re.Reason != reason || re.Op != "Put" {
 		t.Fatalf("Put = %v, %v", ok, err)
 	}
 	if ok, err := c.Get(ctx, "k", seg); ok || err != nil {
@@ -740,7 +742,7 @@ func TestRefusals(t *testing.T) {
 		"Flush":  func() (bool, error) { return c.Flush(ctx) },
 		"Report": func() (bool, error) { return c.ReportExternalKvBlocks(ctx, []string{"h"}, umbppb.TierType_TIER_DRAM) },
 	} {
-		if ok, err := fn(); ok || !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), reason) {
+		if ok, err := fn(); ok || !errors.Is(err, errdefs.ErrRefused) || !strings.Contains(err.Error(), reason) {
 			t.Errorf("%s = %v, %v", name, ok, err)
 		}
 	}
@@ -757,7 +759,7 @@ func TestRefusals(t *testing.T) {
 	f.take()
 	fd, mem := memfd(t, 4096)
 	err = c.RegisterHost(ctx, fd, addr(mem), 4096)
-	if !errors.Is(err, ErrRefused) || !errors.Is(err, fdpass.ErrRejected) {
+	if !errors.Is(err, errdefs.ErrRefused) || !errors.Is(err, fdpass.ErrRejected) {
 		t.Fatalf("RegisterHost with a rejected handoff = %v", err)
 	}
 	if calls := f.take(); len(calls) != 0 {
@@ -804,8 +806,8 @@ func TestHostValidation(t *testing.T) {
 		},
 		"gpu size": func() error { return c.RegisterGPU(ctx, GPURegion{Base: 0x2000, AllocBase: 0x2000}) },
 	} {
-		if err := try(); !errors.Is(err, ErrInvalidArgument) {
-			t.Errorf("%s: %v, want ErrInvalidArgument", name, err)
+		if err := try(); !errors.Is(err, rpc.ErrInvalidArgument) {
+			t.Errorf("%s: %v, want rpc.ErrInvalidArgument", name, err)
 		}
 	}
 	if checked != 0 || len(f.registrations()) != 0 || len(f.take()) != 0 {
@@ -825,7 +827,7 @@ func TestHandoffUnavailable(t *testing.T) {
 	c := dial(t, f.endpoint)
 	_ = f.fdLis.Close()
 	fd, mem := memfd(t, 4096)
-	if err := c.RegisterHost(context.Background(), fd, addr(mem), 4096); !errors.Is(err, ErrUnavailable) {
+	if err := c.RegisterHost(context.Background(), fd, addr(mem), 4096); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("RegisterHost without an fd socket = %v", err)
 	}
 }
@@ -842,8 +844,8 @@ func TestValidation(t *testing.T) {
 	}
 	for name, fn := range batches {
 		got, err := fn()
-		if !errors.Is(err, ErrInvalidArgument) {
-			t.Errorf("%s: %v, want ErrInvalidArgument", name, err)
+		if !errors.Is(err, rpc.ErrInvalidArgument) {
+			t.Errorf("%s: %v, want rpc.ErrInvalidArgument", name, err)
 		}
 		if len(got) == 0 {
 			t.Errorf("%s: %d results", name, len(got))
@@ -862,8 +864,8 @@ func TestValidation(t *testing.T) {
 		"Match utf8":    func() error { _, err := c.MatchExternalKv(ctx, []string{"\xff"}, false); return err },
 	}
 	for name, fn := range singles {
-		if err := fn(); !errors.Is(err, ErrInvalidArgument) {
-			t.Errorf("%s: %v, want ErrInvalidArgument", name, err)
+		if err := fn(); !errors.Is(err, rpc.ErrInvalidArgument) {
+			t.Errorf("%s: %v, want rpc.ErrInvalidArgument", name, err)
 		}
 	}
 	if calls := f.take(); len(calls) != 0 {
@@ -1021,10 +1023,10 @@ func TestBatchSplit(t *testing.T) {
 
 	// One entry too large for any request: refused locally.
 	big := strings.Repeat("k", limit)
-	if got, err := joined(c.BatchExists(ctx, []string{"a", big})); !errors.Is(err, ErrInvalidArgument) || len(got) != 2 {
+	if got, err := joined(c.BatchExists(ctx, []string{"a", big})); !errors.Is(err, rpc.ErrInvalidArgument) || len(got) != 2 {
 		t.Fatalf("oversize key: %v, %v", got, err)
 	}
-	if _, err := c.Exists(ctx, big); !errors.Is(err, ErrInvalidArgument) {
+	if _, err := c.Exists(ctx, big); !errors.Is(err, rpc.ErrInvalidArgument) {
 		t.Fatalf("oversize Exists: %v", err)
 	}
 	if calls := f.take(); len(calls) != 0 {
@@ -1071,7 +1073,7 @@ func TestBatchExistsConsecutiveSplit(t *testing.T) {
 	f.setHandler(func(_ context.Context, m string, _ proto.Message) (proto.Message, error) {
 		return &umbppb.CountResponse{Count: 1000}, nil
 	})
-	if _, err := c.BatchExistsConsecutive(context.Background(), keys[:2]); !errors.Is(err, ErrBadReply) {
+	if _, err := c.BatchExistsConsecutive(context.Background(), keys[:2]); !errors.Is(err, rpc.ErrBadReply) {
 		t.Fatalf("oversize count: %v", err)
 	}
 }
@@ -1087,7 +1089,7 @@ func TestWrongLengthAndChunkFailures(t *testing.T) {
 			return &umbppb.BatchBoolResponse{Ok: make([]bool, n)}, nil
 		})
 		got, err := joined(c.BatchExists(ctx, []string{"a", "b", "c"}))
-		if !errors.Is(err, ErrBadReply) || len(got) != 3 {
+		if !errors.Is(err, rpc.ErrBadReply) || len(got) != 3 {
 			t.Fatalf("%d results: %v, %v", n, got, err)
 		}
 	}
@@ -1118,7 +1120,7 @@ func TestWrongLengthAndChunkFailures(t *testing.T) {
 	if len(calls) < 4 || len(got) != len(keys) {
 		t.Fatalf("%d requests, %d results", len(calls), len(got))
 	}
-	if !errors.Is(err, ErrBadReply) || status.Code(err) != codes.Internal || !strings.Contains(err.Error(), "boom") {
+	if !errors.Is(err, rpc.ErrBadReply) || status.Code(err) != codes.Internal || !strings.Contains(err.Error(), "boom") {
 		t.Fatalf("error %v", err)
 	}
 	i := 0
@@ -1130,7 +1132,7 @@ func TestWrongLengthAndChunkFailures(t *testing.T) {
 			// Each entry's error is its own chunk's.
 			switch e := errs[i]; ci {
 			case 1:
-				if !errors.Is(e, ErrBadReply) || status.Code(e) == codes.Internal {
+				if !errors.Is(e, rpc.ErrBadReply) || status.Code(e) == codes.Internal {
 					t.Fatalf("errs[%d] in the short-reply chunk = %v", i, e)
 				}
 			case 2:
@@ -1155,8 +1157,8 @@ func TestErrorClassification(t *testing.T) {
 		code codes.Code
 		want error
 	}{
-		{codes.Unavailable, ErrUnavailable},
-		{codes.Unimplemented, ErrUnimplemented},
+		{codes.Unavailable, errdefs.ErrUnavailable},
+		{codes.Unimplemented, rpc.ErrUnimplemented},
 		{codes.Internal, nil},
 		{codes.ResourceExhausted, nil},
 	} {
@@ -1170,7 +1172,7 @@ func TestErrorClassification(t *testing.T) {
 		if st, ok := status.FromError(err); !ok || st.Code() != tc.code {
 			t.Errorf("%v: status %v", tc.code, st)
 		}
-		for _, s := range []error{ErrUnavailable, ErrUnimplemented, ErrRefused, ErrBadReply, ErrInvalidArgument, ErrClosed} {
+		for _, s := range []error{errdefs.ErrUnavailable, rpc.ErrUnimplemented, errdefs.ErrRefused, rpc.ErrBadReply, rpc.ErrInvalidArgument, errdefs.ErrClosed} {
 			if errors.Is(err, s) != (s == tc.want) {
 				t.Errorf("%v: errors.Is(%v) = %v", tc.code, s, !(s == tc.want))
 			}
@@ -1190,7 +1192,7 @@ func TestV1ServerRangedUnimplemented(t *testing.T) {
 		"BatchGetRanges": func() ([]bool, error) { return joined(c.BatchGetRanges(context.Background(), o)) },
 	} {
 		got, err := fn()
-		if !errors.Is(err, ErrUnimplemented) || len(got) != 1 || got[0] {
+		if !errors.Is(err, rpc.ErrUnimplemented) || len(got) != 1 || got[0] {
 			t.Errorf("%s = %v, %v", name, got, err)
 		}
 		if status.Code(err) != codes.Unimplemented {
@@ -1256,8 +1258,8 @@ func TestClose(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	if err := <-done; !errors.Is(err, ErrClosed) || !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrNotSent) {
-		t.Fatalf("in-flight BatchPut after Close = %v, want ErrClosed and ErrUnavailable: it was sent", err)
+	if err := <-done; !errors.Is(err, errdefs.ErrClosed) || !errors.Is(err, errdefs.ErrUnavailable) || errors.Is(err, rpc.ErrNotSent) {
+		t.Fatalf("in-flight BatchPut after Close = %v, want errdefs.ErrClosed and errdefs.ErrUnavailable: it was sent", err)
 	}
 	if err := c.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
@@ -1289,8 +1291,8 @@ func TestClose(t *testing.T) {
 		"HitCounts":      func() error { _, err := c.GetExternalKvHitCounts(ctx, nil); return err },
 	}
 	for name, fn := range calls {
-		if err := fn(); !errors.Is(err, ErrClosed) || !errors.Is(err, ErrNotSent) {
-			t.Errorf("%s after Close = %v, want ErrClosed and ErrNotSent", name, err)
+		if err := fn(); !errors.Is(err, errdefs.ErrClosed) || !errors.Is(err, rpc.ErrNotSent) {
+			t.Errorf("%s after Close = %v, want errdefs.ErrClosed and rpc.ErrNotSent", name, err)
 		}
 	}
 	if s := c.State(); s != connectivity.Shutdown {

@@ -12,48 +12,25 @@ import (
 	"github.com/umbp-go/umbp-go/internal/rpc"
 )
 
-// Every error a Conn returns wraps at most one of these sentinels (plus, for
+// Every error a Conn returns wraps at most one of the sentinels of
+// internal/errdefs (ErrUnavailable, ErrRefused, ErrClosed,
+// ErrUntrustedServer) and internal/rpc (ErrUnimplemented, ErrBadReply,
+// ErrInvalidArgument, ErrNotSent), each by its one name there, plus, for
 // RPC failures, the gRPC status, reachable with status.FromError, and the
-// caller's context error when the context ended). Errors name the operation
+// caller's context error when the context ended. Errors name the operation
 // and what happened, never the endpoint nor the package: the caller, which
 // knows which server it asked, says that once.
-var (
-	// ErrUnavailable means the server could not be reached: the transport
-	// failed (gRPC code Unavailable), the connection was refused, or the
-	// server never became ready at Dial.
-	ErrUnavailable = errdefs.ErrUnavailable
-	// ErrUnimplemented means the server does not know the method: a v1
-	// server answering a v2-only call such as a ranged batch.
-	ErrUnimplemented = rpc.ErrUnimplemented
-	// ErrRefused means the server answered ok=false with a reason, or
-	// rejected an fd handoff. RefusedError carries the reason.
-	ErrRefused = errdefs.ErrRefused
-	// ErrBadReply means the server's reply does not fit the request, such
-	// as a batch reply with the wrong number of results.
-	ErrBadReply = rpc.ErrBadReply
-	// ErrInvalidArgument means the request was refused locally, before
-	// anything was sent.
-	ErrInvalidArgument = rpc.ErrInvalidArgument
-	// ErrClosed means the Conn was closed. A call made after Close also
-	// matches ErrNotSent; one cut off by Close matches ErrUnavailable: its
-	// request may have reached the server.
-	ErrClosed = errdefs.ErrClosed
-	// ErrNotSent means the request was refused before it was sent (an
-	// invalid argument, a closed Conn): the server never saw it, nor used
-	// the memory it names.
-	ErrNotSent = rpc.ErrNotSent
-	// ErrPeerUnknown means a server process behind the connection could
-	// not be pinned (another pid namespace on a kernel without
-	// SO_PEERPIDFD), so its exit cannot be observed.
-	ErrPeerUnknown = errors.New("server process cannot be identified")
-	// ErrUntrustedServer means the server failed the trust check made
-	// before any memory is shared with it: a socket file not owned by a
-	// trusted uid, writable by others or not a socket, or a server process
-	// running as an untrusted uid (see NewTrust). The error
-	// says which. After Dial, a gRPC connection refused this way makes the
-	// server look unavailable (ErrUnavailable); the refusal is logged.
-	ErrUntrustedServer = errdefs.ErrUntrustedServer
-)
+//
+// A Conn closed matches ErrClosed, and a call made after Close ErrNotSent
+// too; one cut off by Close matches ErrUnavailable: its request may have
+// reached the server. A gRPC connection refused by the trust check after
+// Dial makes the server look unavailable (ErrUnavailable); the refusal is
+// logged.
+
+// ErrPeerUnknown means a server process behind the connection could not be
+// pinned (another pid namespace on a kernel without SO_PEERPIDFD), so its
+// exit cannot be observed.
+var ErrPeerUnknown = errors.New("server process cannot be identified")
 
 // RefusedError is the server's ok=false answer with its reason. It matches
 // ErrRefused with errors.Is.
@@ -80,7 +57,7 @@ func (e *RefusedError) Error() string {
 }
 
 // Is reports whether target is ErrRefused.
-func (e *RefusedError) Is(target error) bool { return target == ErrRefused }
+func (e *RefusedError) Is(target error) bool { return target == errdefs.ErrRefused }
 
 // Unwrap returns the underlying cause, if any.
 func (e *RefusedError) Unwrap() error { return e.Err }
@@ -99,21 +76,21 @@ func (c *Conn) handoffError(ctx context.Context, err error) error {
 	const op = "fd handoff"
 	switch {
 	case c.closed.Load(): // cut off: the server may have the descriptor
-		return fmt.Errorf("%s: %w (%w): %w", op, ErrClosed, ErrUnavailable, err)
-	case errors.Is(err, ErrUntrustedServer):
+		return fmt.Errorf("%s: %w (%w): %w", op, errdefs.ErrClosed, errdefs.ErrUnavailable, err)
+	case errors.Is(err, errdefs.ErrUntrustedServer):
 		return fmt.Errorf("%s: %w", op, err)
 	case errors.Is(err, fdpass.ErrRejected):
 		return &RefusedError{Op: op, Err: err}
 	case errors.Is(err, fdpass.ErrInvalidMessage):
-		return fmt.Errorf("%s: %w (%w): %w", op, ErrInvalidArgument, ErrNotSent, err)
+		return fmt.Errorf("%s: %w (%w): %w", op, rpc.ErrInvalidArgument, rpc.ErrNotSent, err)
 	case ctx.Err() != nil:
 		return fmt.Errorf("%s: %w", op, err) // fdpass already names the context error
 	case errors.Is(err, fdpass.ErrBadReply):
-		return fmt.Errorf("%s: %w: %w", op, ErrBadReply, err)
+		return fmt.Errorf("%s: %w: %w", op, rpc.ErrBadReply, err)
 	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ENOENT),
 		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
 		errors.Is(err, os.ErrDeadlineExceeded):
-		return fmt.Errorf("%s: %w: %w", op, ErrUnavailable, err)
+		return fmt.Errorf("%s: %w: %w", op, errdefs.ErrUnavailable, err)
 	}
 	return fmt.Errorf("%s: %w", op, err)
 }

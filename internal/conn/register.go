@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/umbp-go/umbp-go/internal/rpc"
-
 	"golang.org/x/sys/unix"
 
+	"github.com/umbp-go/umbp-go/internal/errdefs"
 	"github.com/umbp-go/umbp-go/internal/fdpass"
+	"github.com/umbp-go/umbp-go/internal/rpc"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
@@ -36,7 +36,7 @@ func (c *Conn) RegisterHost(ctx context.Context, fd int, base uintptr, size uint
 	}
 	// A socket file that fails the trust check is not even connected to;
 	// the check runs again, with the peer's, on the connected socket.
-	if err := c.trust.checkFile(c.fdPath); errors.Is(err, ErrUntrustedServer) {
+	if err := c.trust.checkFile(c.fdPath); errors.Is(err, errdefs.ErrUntrustedServer) {
 		return c.handoffError(ctx, err)
 	}
 	reg := fdpass.Registration{ClientID: c.clientID, WorkerBase: uint64(base), Size: size}

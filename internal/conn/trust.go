@@ -11,6 +11,9 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/umbp-go/umbp-go/internal/errdefs"
+	"github.com/umbp-go/umbp-go/internal/rpc"
 )
 
 // The trusted-server check. Memory is shared with the server by handing it a
@@ -55,7 +58,7 @@ func NewTrust(extra []int) (*Trust, error) {
 	t := &Trust{self: uint32(os.Getuid())}
 	for _, u := range extra {
 		if u < 0 || u > maxUID {
-			return nil, fmt.Errorf("%w: trusted uid %d is not a valid uid", ErrInvalidArgument, u)
+			return nil, fmt.Errorf("%w: trusted uid %d is not a valid uid", rpc.ErrInvalidArgument, u)
 		}
 		v := uint32(u)
 		if v != t.self && v != 0 && !slices.Contains(t.extra, v) {
@@ -85,7 +88,7 @@ func (t *Trust) who() string {
 
 // untrusted returns an error wrapping ErrUntrustedServer.
 func untrusted(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", ErrUntrustedServer, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: %s", errdefs.ErrUntrustedServer, fmt.Sprintf(format, args...))
 }
 
 // checkFile applies the socket-file rules to path. An error that does not
@@ -152,7 +155,7 @@ func (t *Trust) checkConn(path string, c *net.UnixConn) error {
 // otherwise out of reach) is left to the connection attempts that follow.
 func (t *Trust) checkFilesIfPresent(paths ...string) error {
 	for _, p := range paths {
-		if err := t.checkFile(p); errors.Is(err, ErrUntrustedServer) {
+		if err := t.checkFile(p); errors.Is(err, errdefs.ErrUntrustedServer) {
 			return err
 		}
 	}

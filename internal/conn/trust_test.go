@@ -17,7 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/umbp-go/umbp-go/internal/errdefs"
 	"github.com/umbp-go/umbp-go/internal/fdpass"
+	"github.com/umbp-go/umbp-go/internal/rpc"
 	"github.com/umbp-go/umbp-go/internal/server"
 )
 
@@ -157,8 +159,8 @@ func (f *foreign) chownRoot(t *testing.T) {
 // parts.
 func wantUntrusted(t *testing.T, what string, err error, parts ...string) {
 	t.Helper()
-	if !errors.Is(err, ErrUntrustedServer) {
-		t.Fatalf("%s: %v, want ErrUntrustedServer", what, err)
+	if !errors.Is(err, errdefs.ErrUntrustedServer) {
+		t.Fatalf("%s: %v, want errdefs.ErrUntrustedServer", what, err)
 	}
 	for _, p := range parts {
 		if !strings.Contains(err.Error(), p) {
@@ -219,7 +221,7 @@ func TestTrustFileRules(t *testing.T) {
 	wantUntrusted(t, "regular file", tr.checkFile(file), file, "is not a socket")
 
 	missing := filepath.Join(dir, "missing.sock")
-	if err := tr.checkFile(missing); !errors.Is(err, os.ErrNotExist) || errors.Is(err, ErrUntrustedServer) {
+	if err := tr.checkFile(missing); !errors.Is(err, os.ErrNotExist) || errors.Is(err, errdefs.ErrUntrustedServer) {
 		t.Fatalf("missing socket: %v, want ErrNotExist only", err)
 	}
 	if err := tr.checkFilesIfPresent(missing, sock); err != nil {
@@ -277,8 +279,8 @@ func TestTrustFileRules(t *testing.T) {
 func TestTrustedUIDsValidated(t *testing.T) {
 	for _, uids := range [][]int{{-1}, {1<<32 - 1}, {0, 1 << 40}} {
 		_, err := NewTrust(uids)
-		if !errors.Is(err, ErrInvalidArgument) {
-			t.Errorf("TrustedUIDs %v: %v, want ErrInvalidArgument", uids, err)
+		if !errors.Is(err, rpc.ErrInvalidArgument) {
+			t.Errorf("TrustedUIDs %v: %v, want rpc.ErrInvalidArgument", uids, err)
 		}
 	}
 	tr := mustTrust(t, 0, os.Getuid(), 7, 7, 3)
@@ -337,8 +339,8 @@ func TestDialRefusesWritableSocket(t *testing.T) {
 				_ = c.Close()
 			}
 			wantUntrusted(t, "Dial", err, path, "writable by others (mode 0666)")
-			if errors.Is(err, ErrUnavailable) {
-				t.Fatalf("%v also wraps ErrUnavailable", err)
+			if errors.Is(err, errdefs.ErrUnavailable) {
+				t.Fatalf("%v also wraps errdefs.ErrUnavailable", err)
 			}
 			if d := time.Since(start); d > 2*time.Second {
 				t.Fatalf("Dial took %v", d)
@@ -416,15 +418,15 @@ func TestServerSwappedAfterDial(t *testing.T) {
 	imp.chownRoot(t)
 
 	ctx := context.Background()
-	if _, err := c.Ping(ctx); !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("Ping: %v, want ErrUnavailable", err)
+	if _, err := c.Ping(ctx); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("Ping: %v, want errdefs.ErrUnavailable", err)
 	}
 	o := Options{Endpoint: f.endpoint, Logger: quietLog}
-	if d, err := Dial(ctx, o); !errors.Is(err, ErrUntrustedServer) {
+	if d, err := Dial(ctx, o); !errors.Is(err, errdefs.ErrUntrustedServer) {
 		if d != nil {
 			d.Close()
 		}
-		t.Fatalf("Dial to the impostor: %v, want ErrUntrustedServer", err)
+		t.Fatalf("Dial to the impostor: %v, want errdefs.ErrUntrustedServer", err)
 	}
 	fd, mem := memfd(t, 4096)
 	err := c.RegisterHost(ctx, fd, addr(mem), 4096)
