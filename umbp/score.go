@@ -6,34 +6,25 @@ import (
 	"unicode/utf8"
 
 	"github.com/umbp-go/umbp-go/internal/masterconn"
+	"github.com/umbp-go/umbp-go/internal/tier"
 )
 
-// Tier is a storage tier of a node, as the external KV index records it.
-type Tier int32
+// Tier is a storage tier of a node, as the external KV index records it:
+// TierHBM, TierDRAM or TierSSD (the protocol's values, an int32). Its
+// String method returns "HBM", "DRAM" or "SSD". umbptest.Tier is the same
+// type.
+type Tier = tier.Tier
 
-// The tiers a node reports its blocks on, fastest first. (Their values are
-// the protocol's.)
+// The tiers a node reports its blocks on, fastest first.
 const (
-	TierHBM  Tier = 1
-	TierDRAM Tier = 2
-	TierSSD  Tier = 3
+	TierHBM  = tier.HBM
+	TierDRAM = tier.DRAM
+	TierSSD  = tier.SSD
 )
 
-// String returns "HBM", "DRAM" or "SSD".
-func (t Tier) String() string {
-	switch t {
-	case TierHBM:
-		return "HBM"
-	case TierDRAM:
-		return "DRAM"
-	case TierSSD:
-		return "SSD"
-	}
-	return fmt.Sprintf("Tier(%d)", int32(t))
-}
-
-func (t Tier) check() error {
-	if t < TierHBM || t > TierSSD {
+// checkTier refuses a tier that is not HBM, DRAM or SSD.
+func checkTier(t Tier) error {
+	if !t.Valid() {
 		return fmt.Errorf("%w: tier %v is not HBM, DRAM or SSD", ErrInvalidKey, t)
 	}
 	return nil

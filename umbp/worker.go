@@ -370,7 +370,7 @@ func (w *WorkerHandle) RevokeAllExternalKv(ctx context.Context, tier Tier) error
 }
 
 func (w *WorkerHandle) externalKv(ctx context.Context, op string, tier Tier, fn func(context.Context, *conn.Conn) (bool, error)) error {
-	if err := tier.check(); err != nil {
+	if err := checkTier(tier); err != nil {
 		return opError(op, w.address, err)
 	}
 	ok, err := withConn(ctx, w, fn)

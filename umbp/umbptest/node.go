@@ -16,35 +16,24 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/umbp-go/umbp-go/internal/tier"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
-// Tier is a storage tier of a node. Its values are umbp.Tier's:
-// umbptest.Tier(umbp.TierHBM) is TierHBM.
-type Tier int32
+// Tier is a storage tier of a node: TierHBM, TierDRAM or TierSSD. It is
+// umbp.Tier: umbp.TierHBM and TierHBM are the same value.
+type Tier = tier.Tier
 
 // The tiers a node holds keys on, fastest first.
 const (
-	TierHBM  Tier = 1
-	TierDRAM Tier = 2
-	TierSSD  Tier = 3
+	TierHBM  = tier.HBM
+	TierDRAM = tier.DRAM
+	TierSSD  = tier.SSD
 )
 
-// String returns "HBM", "DRAM" or "SSD".
-func (t Tier) String() string {
-	switch t {
-	case TierHBM:
-		return "HBM"
-	case TierDRAM:
-		return "DRAM"
-	case TierSSD:
-		return "SSD"
-	}
-	return fmt.Sprintf("Tier(%d)", int32(t))
-}
-
-func (t Tier) check() error {
-	if t < TierHBM || t > TierSSD {
+// checkTier refuses a tier that is not HBM, DRAM or SSD.
+func checkTier(t Tier) error {
+	if !t.Valid() {
 		return fmt.Errorf("tier %v is not HBM, DRAM or SSD", t)
 	}
 	return nil
@@ -193,13 +182,13 @@ func (o *NodeOptions) check(master string) error {
 	}
 	for _, m := range []map[Tier][]string{o.Keys, o.External} {
 		for t := range m {
-			if err := t.check(); err != nil {
+			if err := checkTier(t); err != nil {
 				return err
 			}
 		}
 	}
 	for t := range o.Capacities {
-		if err := t.check(); err != nil {
+		if err := checkTier(t); err != nil {
 			return err
 		}
 	}
@@ -288,7 +277,7 @@ func (n *Node) Remove(ctx context.Context, tier Tier, keys ...string) error {
 }
 
 func (n *Node) change(ctx context.Context, kind umbppb.KvEvent_Kind, tier Tier, keys []string) error {
-	if err := tier.check(); err != nil {
+	if err := checkTier(tier); err != nil {
 		return n.errorf("%w", err)
 	}
 	if err := n.closed(); err != nil {
@@ -338,7 +327,7 @@ func (n *Node) Revoke(ctx context.Context, tier Tier, hashes ...string) error {
 // externalKV checks a Report or Revoke of hashes on tier and makes its
 // call.
 func (n *Node) externalKV(what string, tier Tier, hashes []string, call func([]string, umbppb.TierType) error) error {
-	if err := tier.check(); err != nil {
+	if err := checkTier(tier); err != nil {
 		return n.errorf("%w", err)
 	}
 	if err := n.closed(); err != nil {
