@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -312,6 +313,9 @@ func (p *pool) publish(key string, o *object) bool {
 		p.free(o)
 		return false
 	}
+	// The pool's own copy: a request's key is a view of the whole request
+	// (codec.go), which the pool must not keep for as long as the object.
+	key = strings.Clone(key)
 	o.key = key
 	p.objects[key] = o
 	p.pushFront(o)

@@ -169,6 +169,8 @@ func New(opts Options) (*Server, error) {
 		// with the plain server; shared write buffers, grpc-go's default
 		// now, were on in both).
 		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
+		// Batches' and lookups' keys decoded with one copy for all.
+		grpc.ForceServerCodecV2(newRequestCodec()),
 	}
 	if opts.UnaryInterceptor != nil {
 		gopts = append(gopts, grpc.UnaryInterceptor(opts.UnaryInterceptor))
