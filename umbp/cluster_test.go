@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -516,5 +517,67 @@ func TestClusterLookupTokens(t *testing.T) {
 	}
 	if _, err := h.Score(context.Background(), umbp.ScoreRequest{Prompt: keys, BlockHashes: keys.Keys}); !errors.Is(err, umbp.ErrInvalidKey) {
 		t.Fatalf("Score of a prompt and hashes both = %v, want ErrInvalidKey", err)
+	}
+}
+
+// deadlineMaster records whether each call it answers came with a
+// deadline (a grpc-timeout header).
+type deadlineMaster struct {
+	umbppb.UnimplementedUMBPMasterServer
+	mu        sync.Mutex
+	deadlines map[string]int // calls with one, by method
+	calls     map[string]int
+}
+
+func (m *deadlineMaster) saw(ctx context.Context, method string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.calls[method]++
+	if _, ok := ctx.Deadline(); ok {
+		m.deadlines[method]++
+	}
+}
+
+func (m *deadlineMaster) BatchLookup(ctx context.Context, req *umbppb.BatchLookupRequest) (*umbppb.BatchLookupResponse, error) {
+	m.saw(ctx, "BatchLookup")
+	return &umbppb.BatchLookupResponse{Found: make([]bool, len(req.GetKeys()))}, nil
+}
+
+func (m *deadlineMaster) MatchExternalKv(ctx context.Context, req *umbppb.MatchExternalKvRequest) (*umbppb.MatchExternalKvResponse, error) {
+	m.saw(ctx, "MatchExternalKv")
+	return &umbppb.MatchExternalKvResponse{}, nil
+}
+
+// A lookup or Score on the master carries no deadline to it: the caller's
+// LookupTimeout bounds the call on this side, and a deadline would cost a
+// timer on both sides of every call.
+func TestClusterCallsCarryNoDeadline(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &deadlineMaster{deadlines: map[string]int{}, calls: map[string]int{}}
+	srv := grpc.NewServer()
+	umbppb.RegisterUMBPMasterServer(srv, m)
+	go srv.Serve(lis)
+	defer srv.Stop()
+	h := newClusterHandle(t, clusterConfig(t, lis.Addr().String()))
+	ctx := context.Background()
+	m.mu.Lock()
+	m.deadlines, m.calls = map[string]int{}, map[string]int{} // what attaching asked is its own
+	m.mu.Unlock()
+	for range 3 {
+		h.Lookup(ctx, []string{"a", "b"})
+		if _, err := h.Score(ctx, umbp.ScoreRequest{Candidates: []string{"n1"}, BlockHashes: []string{"b0"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.calls["BatchLookup"] < 6 || m.calls["MatchExternalKv"] < 3 {
+		t.Fatalf("calls %v: want 6 lookups (3 and Score's 3) and 3 matches at least", m.calls)
+	}
+	if m.deadlines["BatchLookup"] != 0 || m.deadlines["MatchExternalKv"] != 0 {
+		t.Errorf("calls with a deadline %v of %v: want none", m.deadlines, m.calls)
 	}
 }

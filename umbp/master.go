@@ -33,11 +33,14 @@ type masterBackend struct {
 	replicas   []*replica
 	masters    string // the replicas' addresses, for logs
 	rpcTimeout time.Duration
-	hedgeDelay time.Duration
-	lockStep   bool // BatchLookup is lock-step (not ClusterConfig.GRPCLookups)
-	log        *slog.Logger
-	budget     hedgeBudget
-	store      *storeWatch
+	// lookupTimeout is the bound every call to the replicas has from its
+	// caller (a lock-step call's timer, a detached call's end).
+	lookupTimeout time.Duration
+	hedgeDelay    time.Duration
+	lockStep      bool // BatchLookup is lock-step (not ClusterConfig.GRPCLookups)
+	log           *slog.Logger
+	budget        hedgeBudget
+	store         *storeWatch
 
 	st   connState
 	last atomic.Int32 // the replica that answered last: the next pick starts there
@@ -54,12 +57,13 @@ type masterBackend struct {
 // did not is set aside and probed back.
 func newMasterBackend(ctx context.Context, cfg ClusterConfig) (*masterBackend, error) {
 	b := &masterBackend{
-		masters:    strings.Join(cfg.Masters, ","),
-		rpcTimeout: cfg.Timeout,
-		hedgeDelay: cfg.HedgeDelay,
-		lockStep:   !cfg.GRPCLookups,
-		log:        cfg.Logger,
-		kick:       make(chan struct{}, 1),
+		masters:       strings.Join(cfg.Masters, ","),
+		rpcTimeout:    cfg.Timeout,
+		lookupTimeout: cfg.LookupTimeout,
+		hedgeDelay:    cfg.HedgeDelay,
+		lockStep:      !cfg.GRPCLookups,
+		log:           cfg.Logger,
+		kick:          make(chan struct{}, 1),
 	}
 	b.budget.tokens = hedgeBurst
 	for i, addr := range cfg.Masters {
@@ -483,13 +487,22 @@ func (b *masterBackend) take(tried []bool, hedge bool) *replica {
 	return r
 }
 
-// attempt runs one attempt taken on r, bounded by Timeout, and returns
-// what it answered and how long it took.
+// attempt runs one attempt taken on r and returns what it answered and how
+// long it took. Its bound is its caller's: every call to the replicas ends
+// when its caller stops waiting, at LookupTimeout at the latest (a
+// lock-step call by its timer, a detached one by its end; probes and the
+// store's check have bounds of their own). So the RPC carries no deadline,
+// which would travel to the master as grpc-timeout and cost a timer on
+// both sides, and the attempt keeps no timer of its own, unless Timeout is
+// the shorter bound.
 func attempt[T any](ctx context.Context, b *masterBackend, r *replica, run func(context.Context) (T, error)) (T, time.Duration, error) {
 	began := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, b.rpcTimeout)
+	if b.rpcTimeout < b.lookupTimeout {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, b.rpcTimeout)
+		defer cancel()
+	}
 	v, err := run(ctx)
-	cancel()
 	r.inflight.Add(-1)
 	return v, time.Since(began), err
 }
