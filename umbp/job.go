@@ -102,7 +102,7 @@ const (
 type TransferJob struct {
 	kind  jobKind
 	plans []BlockTransferPlan
-	set   *jobSet       // the handle's jobs, told of this one's transitions
+	set   jobEvents     // the handle's jobs, told of this one's transitions
 	where string        // the endpoint, for its errors
 	conn  *conn.Conn    // the connection it runs on; nil if refused at once
 	done  chan struct{} // closed when the job ends
@@ -122,9 +122,21 @@ type TransferJob struct {
 	drop func()
 }
 
+// jobEvents is told of a job's transitions: the set of a handle's jobs in
+// flight (jobset.go), which counts them.
+type jobEvents interface {
+	// blockedDelta counts a job entering (+1) or leaving (-1) phaseBlocked.
+	blockedDelta(d int)
+	// count counts a job that ended, from phase was, with status and the
+	// bytes it moved.
+	count(kind jobKind, was phase, status JobStatus, bytes uint64)
+	// forget takes an ended job, which was in phase was, off the set.
+	forget(j *TransferJob, was phase)
+}
+
 // newJob makes a job of plans, which it keeps: the caller must not change
 // them afterwards.
-func newJob(kind jobKind, plans []BlockTransferPlan, set *jobSet, where string) *TransferJob {
+func newJob(kind jobKind, plans []BlockTransferPlan, set jobEvents, where string) *TransferJob {
 	return &TransferJob{
 		where: where,
 		kind:  kind,
