@@ -1,13 +1,10 @@
 package main
 
 import (
-	"net/http"
-
 	"context"
 	"encoding/json"
-	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/h2c"
 	"net"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -252,7 +249,9 @@ func TestClusterNotAMaster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := &http.Server{Handler: h2c.NewHandler(http.NotFoundHandler(), &http2.Server{})}
+	var h2c http.Protocols
+	h2c.SetUnencryptedHTTP2(true) // gRPC's plaintext: HTTP/2 with prior knowledge
+	hs := &http.Server{Handler: http.NotFoundHandler(), Protocols: &h2c}
 	go hs.Serve(ln)
 	defer hs.Close()
 	_, stderr := mustRun(t, exitFail, "", "cluster", "score", "-master", ln.Addr().String(), "-nodes", "n1", "h0")
