@@ -73,9 +73,19 @@ func TestErrorsSayItOnce(t *testing.T) {
 		cfg.StartupTimeout = 300 * time.Millisecond
 		_, err := newRuntime(t, cfg).NewSchedulerHandle(ctx)
 		checkErr(t, "attach", err, srv.Endpoint())
-		want := " (the wait's end: StartupTimeout, 300ms)"
-		if !strings.HasSuffix(err.Error(), want) || strings.Contains(err.Error(), "waited") {
-			t.Errorf("attach to a silent server says\n\t%s\nwant it to end with\n\t%s", err, want)
+		want := ": context deadline exceeded (the wait's end: StartupTimeout, 300ms)"
+		if !strings.HasSuffix(err.Error(), want) || strings.Contains(err.Error(), "waited") || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("attach to a silent server says\n\t%s\nwant it to end with\n\t%s, and match context.DeadlineExceeded", err, want)
+		}
+		// A caller's context that ends first is said as the caller's.
+		cfg.StartupTimeout = time.Minute
+		short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		_, err = newRuntime(t, cfg).NewSchedulerHandle(short)
+		if want := "(the caller's context ended the wait after "; err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "StartupTimeout") {
+			t.Errorf("attach ended by the caller's context says\n\t%v\nwant it to say %q and not blame StartupTimeout", err, want)
+		} else if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("attach ended by the caller's deadline = %v, want it to match context.DeadlineExceeded", err)
 		}
 	})
 

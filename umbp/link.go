@@ -86,9 +86,9 @@ func newLink(ctx context.Context, cfg settings, regions *regionSet, onReplace fu
 // firstAttach makes attempts until one attaches, StartupTimeout has passed,
 // ctx ends, or the server is refused (it failed the trust check, or is not
 // in the mode the config requires): those are not retried.
-func (l *link) firstAttach(ctx context.Context) (*conn.Conn, sockIdent, error) {
+func (l *link) firstAttach(parent context.Context) (*conn.Conn, sockIdent, error) {
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, l.cfg.StartupTimeout)
+	ctx, cancel := context.WithTimeout(parent, l.cfg.StartupTimeout)
 	defer cancel()
 	warned := false
 	var last error // the last attempt that was not cut short by the end of the wait
@@ -107,8 +107,17 @@ func (l *link) firstAttach(ctx context.Context) (*conn.Conn, sockIdent, error) {
 			if last == nil || !errors.Is(err, ctx.Err()) {
 				last = err
 			}
-			// Which deadline ended it, not that one did again.
-			return nil, sockIdent{}, fmt.Errorf("%w (the wait's end: StartupTimeout, %v)", last, waited)
+			// Which end it was, not that a deadline passed again.
+			if parent.Err() != nil {
+				if errors.Is(last, parent.Err()) {
+					return nil, sockIdent{}, fmt.Errorf("%w (the caller's context ended the wait after %v)", last, waited)
+				}
+				return nil, sockIdent{}, fmt.Errorf("%w (the caller's context ended the wait after %v: %w)", last, waited, context.Cause(parent))
+			}
+			if errors.Is(last, context.DeadlineExceeded) {
+				return nil, sockIdent{}, fmt.Errorf("%w (the wait's end: StartupTimeout, %v)", last, waited)
+			}
+			return nil, sockIdent{}, fmt.Errorf("%w (the wait's end: StartupTimeout, %v: %w)", last, waited, context.DeadlineExceeded)
 		}
 		last = err
 		if !warned && waited >= attachWarnAfter {

@@ -57,7 +57,7 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descRegions, float64(st.Regions))
 	gauge(descClients, float64(st.Clients))
 	gauge(descGPUHandles, float64(st.GPUHandles))
-	ch <- prometheus.MustNewConstMetric(descHandoffs, prometheus.CounterValue, float64(st.FDHandoffs-st.FDRejected), "registered")
+	ch <- prometheus.MustNewConstMetric(descHandoffs, prometheus.CounterValue, float64(st.FDRegistered), "registered")
 	ch <- prometheus.MustNewConstMetric(descHandoffs, prometheus.CounterValue, float64(st.FDRejected), "rejected")
 	ch <- prometheus.MustNewConstMetric(descReclaimed, prometheus.CounterValue, float64(st.ReclaimedProcesses))
 }
@@ -137,7 +137,9 @@ func serveMetrics(addr string, m *metrics, log *slog.Logger) (bound string, clos
 	return ln.Addr().String(), func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_ = hs.Shutdown(ctx)
+		if hs.Shutdown(ctx) != nil {
+			_ = hs.Close() // a scrape that outlasted the grace
+		}
 		<-done
 	}, nil
 }

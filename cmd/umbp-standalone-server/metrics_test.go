@@ -127,6 +127,14 @@ func TestMetricsShowThePool(t *testing.T) {
 		t.Fatal(err)
 	}
 	scrape("the pool cleared", expect(0, 0, 8, 1, 1))
+	const handoffs = `# HELP umbp_server_fd_handoffs_total Host-memory registrations by descriptor (fd handoffs) served, by result.
+# TYPE umbp_server_fd_handoffs_total counter
+umbp_server_fd_handoffs_total{result="registered"} 1
+umbp_server_fd_handoffs_total{result="rejected"} 0
+`
+	if err := testutil.ScrapeAndCompare(url, strings.NewReader(handoffs), "umbp_server_fd_handoffs_total"); err != nil {
+		t.Errorf("fd handoffs: %v", err)
+	}
 	if n := testutil.ToFloat64(m.calls.WithLabelValues("BatchPut", "OK")); n != 2 {
 		t.Errorf("umbp_server_calls_total{method=BatchPut,code=OK} = %v, want 2 (two stores)", n)
 	}

@@ -80,7 +80,7 @@ func main() {
 	if err == nil {
 		// Interrupted, the demo leaves the server running, not stopped.
 		sigs := make(chan os.Signal, 1)
-		signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+		signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 		go func() {
 			<-sigs
 			d.srv.close()
@@ -214,7 +214,8 @@ func (d *demo) share(ctx context.Context) error {
 
 // stopAndContinue stops the server process and continues it.
 func (d *demo) stopAndContinue(ctx context.Context) error {
-	d.say("\nSIGSTOP to the server (process %d): it is alive, its sockets open, and it answers nothing", d.srv.pid)
+	pid, _ := d.srv.current()
+	d.say("\nSIGSTOP to the server (process %d): it is alive, its sockets open, and it answers nothing", pid)
 	if err := d.srv.stop(); err != nil {
 		return err
 	}
@@ -275,7 +276,8 @@ func (d *demo) killAndRestart(ctx context.Context) error {
 		return fmt.Sprintf("engine A %s, engine B %s, scheduler %s", d.a.w.State(), d.b.w.State(), d.sched.State())
 	}
 
-	d.say("\nSIGKILL to the server (process %d): it is gone, its pool with it", d.srv.pid)
+	pid, _ := d.srv.current()
+	d.say("\nSIGKILL to the server (process %d): it is gone, its pool with it", pid)
 	if err := d.srv.kill(); err != nil {
 		return err
 	}
@@ -296,7 +298,8 @@ func (d *demo) killAndRestart(ctx context.Context) error {
 	if err := d.srv.restart(); err != nil {
 		return err
 	}
-	d.say("the server starts again at the same path (process %d), with an empty pool:", d.srv.pid)
+	pid, _ = d.srv.current()
+	d.say("the server starts again at the same path (process %d), with an empty pool:", pid)
 	for _, h := range handles {
 		for h.State() != umbp.StateConnected {
 			if !h.WaitForStateChange(ctx, h.State()) {

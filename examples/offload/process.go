@@ -9,22 +9,29 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
 
 // process is the server's process, which the demo stops, continues, kills
 // and starts again with the same command line.
+// Its methods are safe for concurrent use: an interrupt closes it while the
+// demo may be restarting it.
 type process struct {
 	endpoint string
-	pid      int
 	argv     []string // how it was started, to start it again
 	dir      string
 	env      []string
 	ours     bool   // the demo started it: it ends it too
 	tmp      string // the directory the demo made for its sockets and log
 	logPath  string // the server's output
-	exited   chan struct{}
+
+	mu     sync.Mutex
+	pid    int
+	proc   *os.Process   // the one the demo started, nil for one it was given
+	exited chan struct{} // closed once proc has exited
+	closed bool          // close ran: nothing is started any more
 }
 
 // startProcess starts the project's server as a child process, on a socket
@@ -108,18 +115,32 @@ func attachProcess(endpoint string, pid int) (*process, error) {
 	return &process{endpoint: endpoint, pid: pid, argv: argv, dir: dir, env: env}, nil
 }
 
+// current returns the process's pid, and its exit channel if the demo
+// started it (nil otherwise).
+func (p *process) current() (int, chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.pid, p.exited
+}
+
 // describe says what the server is.
 func (p *process) describe() string {
+	pid, _ := p.current()
 	if p.ours {
-		return fmt.Sprintf("started %s as process %d at %s", filepath.Base(p.argv[0]), p.pid, p.endpoint)
+		return fmt.Sprintf("started %s as process %d at %s", filepath.Base(p.argv[0]), pid, p.endpoint)
 	}
-	return fmt.Sprintf("the server at %s is process %d (%s)", p.endpoint, p.pid, strings.Join(p.argv, " "))
+	return fmt.Sprintf("the server at %s is process %d (%s)", p.endpoint, pid, strings.Join(p.argv, " "))
 }
 
 // start starts the process from argv, in dir, with env: a child of the
 // demo's own if the demo started the first one, else in a session of its
 // own that outlives the demo, its output in a file.
 func (p *process) start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return errors.New("the demo was interrupted")
+	}
 	if p.logPath == "" {
 		f, err := os.CreateTemp("", "umbp-demo-server-*.log")
 		if err != nil {
@@ -141,13 +162,25 @@ func (p *process) start() error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start the server: %w", err)
 	}
-	p.pid = cmd.Process.Pid
-	p.exited = make(chan struct{})
+	exited := make(chan struct{})
+	p.pid, p.proc, p.exited = cmd.Process.Pid, cmd.Process, exited
 	go func() {
 		_ = cmd.Wait()
-		close(p.exited)
+		close(exited)
 	}()
 	return nil
+}
+
+// send sends sig to the process: through its *os.Process where the demo
+// started it (which refuses once it has exited, so that a reused pid is
+// never signalled), else by pid.
+func (p *process) send(sig syscall.Signal) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.proc != nil {
+		return p.proc.Signal(sig)
+	}
+	return syscall.Kill(p.pid, sig)
 }
 
 // stop sends SIGSTOP and waits until the process is stopped (delivery is
@@ -163,15 +196,16 @@ func (p *process) cont() error {
 
 // kill sends SIGKILL and waits until the process is gone.
 func (p *process) kill() error {
-	if err := syscall.Kill(p.pid, syscall.SIGKILL); err != nil {
-		return fmt.Errorf("SIGKILL to process %d: %w", p.pid, err)
+	pid, exited := p.current()
+	if err := p.send(syscall.SIGKILL); err != nil {
+		return fmt.Errorf("SIGKILL to process %d: %w", pid, err)
 	}
-	if p.exited != nil {
+	if exited != nil {
 		select {
-		case <-p.exited:
+		case <-exited:
 			return nil
 		case <-time.After(10 * time.Second):
-			return fmt.Errorf("process %d did not exit within 10 s of SIGKILL", p.pid)
+			return fmt.Errorf("process %d did not exit within 10 s of SIGKILL", pid)
 		}
 	}
 	return p.await("exit", func(state byte) bool { return state == 'Z' || state == 0 })
@@ -181,8 +215,9 @@ func (p *process) kill() error {
 func (p *process) restart() error { return p.start() }
 
 func (p *process) signal(sig syscall.Signal, reached func(state byte) bool) error {
-	if err := syscall.Kill(p.pid, sig); err != nil {
-		return fmt.Errorf("%v to process %d: %w", sig, p.pid, err)
+	if err := p.send(sig); err != nil {
+		pid, _ := p.current()
+		return fmt.Errorf("%v to process %d: %w", sig, pid, err)
 	}
 	return p.await(sig.String(), reached)
 }
@@ -190,10 +225,11 @@ func (p *process) signal(sig syscall.Signal, reached func(state byte) bool) erro
 // await waits, at most 10 s, until the process's state (/proc/PID/stat;
 // 0 once it is gone) is one reached accepts.
 func (p *process) await(what string, reached func(state byte) bool) error {
+	pid, _ := p.current()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var state byte
-		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.pid)); err == nil {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
 			// pid (comm) state ...
 			if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) {
 				state = b[i+2]
@@ -203,7 +239,7 @@ func (p *process) await(what string, reached func(state byte) bool) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("process %d: no %s within 10 s (state %q)", p.pid, what, state)
+			return fmt.Errorf("process %d: no %s within 10 s (state %q)", pid, what, state)
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -214,20 +250,28 @@ func (p *process) await(what string, reached func(state byte) bool) error {
 // the demo stopped it), and if the demo restarted it, where its output goes
 // is said.
 func (p *process) close() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	p.mu.Unlock()
+	pid, exited := p.current()
 	if !p.ours {
-		_ = syscall.Kill(p.pid, syscall.SIGCONT)
-		if p.exited != nil {
-			fmt.Printf("\nthe restarted server runs on as process %d; its output goes to %s\n", p.pid, p.logPath)
+		_ = p.send(syscall.SIGCONT)
+		if exited != nil {
+			fmt.Printf("\nthe restarted server runs on as process %d; its output goes to %s\n", pid, p.logPath)
 		}
 		return
 	}
-	_ = syscall.Kill(p.pid, syscall.SIGCONT)
-	_ = syscall.Kill(p.pid, syscall.SIGTERM)
+	_ = p.send(syscall.SIGCONT)
+	_ = p.send(syscall.SIGTERM)
 	select {
-	case <-p.exited:
+	case <-exited:
 	case <-time.After(10 * time.Second):
-		_ = syscall.Kill(p.pid, syscall.SIGKILL)
-		<-p.exited
+		_ = p.send(syscall.SIGKILL)
+		<-exited
 	}
 	_ = os.RemoveAll(p.tmp)
 }

@@ -68,6 +68,8 @@ func (s *Server) serveFD(conn *net.UnixConn) {
 	status := s.handoff(conn, time.Now().Add(s.opts.FDReceiveTimeout))
 	if status != fdpass.StatusOK {
 		s.fdRejected.Add(1)
+	} else {
+		s.fdRegistered.Add(1)
 	}
 	// The 4-byte status gets a short bound of its own: a client that sent
 	// nothing before the receive deadline still gets its -1.

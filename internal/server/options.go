@@ -146,8 +146,9 @@ type Stats struct {
 	// GPUHandles is the number of open IPC handles.
 	GPUHandles int
 	// FDHandoffs counts fd-handoff connections served; FDRejected those
-	// answered -1.
-	FDHandoffs, FDRejected uint64
+	// answered -1, FDRegistered those answered 0 (each counted once its
+	// answer is known: a handoff still being served is in neither).
+	FDHandoffs, FDRejected, FDRegistered uint64
 	// ClientProcesses is the number of client processes holding regions
 	// and watched for their exit.
 	ClientProcesses int

@@ -57,8 +57,9 @@ type Server struct {
 	fdConns map[*net.UnixConn]struct{}
 	fdDone  bool
 
-	fdHandoffs atomic.Uint64
-	fdRejected atomic.Uint64
+	fdHandoffs   atomic.Uint64
+	fdRejected   atomic.Uint64
+	fdRegistered atomic.Uint64
 
 	// hostCopyHook, set only by tests, runs before a request's host copies.
 	hostCopyHook atomic.Pointer[func()]
@@ -207,6 +208,7 @@ func (s *Server) Stats() Stats {
 	s.regs.stats(&st)
 	st.FDHandoffs = s.fdHandoffs.Load()
 	st.FDRejected = s.fdRejected.Load()
+	st.FDRegistered = s.fdRegistered.Load()
 	return st
 }
 
