@@ -151,11 +151,7 @@ func TestHostilePlansRacingStagedLoads(t *testing.T) {
 	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
 	const loaders, blocksEach, rounds = 4, 2, 60
 	e := newEngine(t, rt, 4, loaders*blocksEach, 1024)
-	ids := make([]int, loaders*blocksEach)
-	for i := range ids {
-		ids[i] = i
-	}
-	src := e.plans(t, "src", ids...)
+	src := e.plans(t, "src", ids(loaders*blocksEach)...)
 	e.fill(src, 9)
 	job := e.w.Store(src)
 	waitJob(t, e.w, job)

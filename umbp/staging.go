@@ -28,10 +28,10 @@ import (
 //     refuses a buffer that is free already. Within a chunk, its items lie
 //     at disjoint offsets (moveChunk lays them end to end).
 //   - No plan can name a staging buffer: its region is the handle's own
-//     (memRegion.own), which no span covers (regionSet.findLocked), and no
-//     caller may register it on any handle (its HostBuffer is own too). So
-//     the server writes into a staging buffer only for the chunk that
-//     holds it.
+//     (memRegion.own), never among those a plan resolves against
+//     (regionSet.findLocked), and no caller may register it on any handle
+//     (its HostBuffer is own too). So the server writes into a staging
+//     buffer only for the chunk that holds it.
 type stagingPool struct {
 	regions *regionSet
 	link    *link
