@@ -14,6 +14,7 @@ import (
 
 	"github.com/umbp-go/umbp-go/internal/conn"
 	"github.com/umbp-go/umbp-go/internal/errdefs"
+	"github.com/umbp-go/umbp-go/internal/loglimit"
 )
 
 // sockIdent identifies one server's socket: a restarted server unlinks and
@@ -50,8 +51,8 @@ type link struct {
 	c     *conn.Conn
 	ident sockIdent
 
-	refusals logLimiter
-	retries  logLimiter
+	refusals loglimit.Limiter
+	retries  loglimit.Limiter
 	// broken is the connection whose transport left READY: its server went
 	// away, and with it, maybe, the registrations. (A server restarted at
 	// the same path may get the same inode; this is what notices it.)
@@ -286,10 +287,10 @@ func (l *link) supervise() {
 			pause = attachPacing.Next(pause)
 			nextTry = time.Now().Add(pause)
 			if errors.Is(err, ErrUntrustedServer) {
-				if l.refusals.allow() {
+				if l.refusals.Allow(failureLogInterval) {
 					l.log.Warn("refusing the server that took over the UMBP standalone endpoint", "endpoint", l.cfg.Endpoint, "err", err)
 				}
-			} else if l.retries.allow() {
+			} else if l.retries.Allow(failureLogInterval) {
 				l.log.Warn("UMBP standalone reconnect attempt failed; retrying", "endpoint", l.cfg.Endpoint, "err", err)
 			}
 		}

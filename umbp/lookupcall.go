@@ -10,22 +10,31 @@ import (
 
 	"github.com/umbp-go/umbp-go/internal/daemonpool"
 	"github.com/umbp-go/umbp-go/internal/encoded"
+	"github.com/umbp-go/umbp-go/internal/errdefs"
 	"github.com/umbp-go/umbp-go/internal/masterconn"
 )
 
-// A scheduler handle's lookups (lookupSource.inline: lock-step calls) run
-// on the caller's own goroutine, with no hand-off either way: the call ends
-// when its context does, its connection interrupted, so LookupTimeout
-// bounds it as surely. Its other calls (Score, Clear, Ping, and lookups
-// through grpc-go) run on detached goroutines, a few per connection
+// The caller is the one owner of a scheduler call's bound: for every call
+// a handle makes it decides where the call runs, when it ends, and what a
+// call left unanswered does to the calls after it. Its sources say what
+// they can do (sourceCaps), not what to do.
+//
+// A lookup on a source whose lookups are lock-step runs on the caller's
+// own goroutine, with no hand-off either way: the call ends when its
+// context does, its connection interrupted, so LookupTimeout bounds it as
+// surely. The other calls (Score, Clear, Ping, and lookups through
+// grpc-go) run on detached goroutines, a few per connection
 // (lookupWorkers, for callers of their own at once), and the caller waits
 // for each at most LookupTimeout. A call left unanswered either way leaves
 // a probe in flight on a detached goroutine (the same question, of no
 // key), which holds later calls off (they fail at once) until the server
 // answers it; a detached call that overran holds them off until it
-// returns, too. So a stalled server costs a few goroutines, never a queue
-// of them, and never a caller's time. callsites.go says where each kind of
-// call runs, as the documents quote it.
+// returns, too. On replicas (sourceCaps.replicas), a call that overran is
+// ended instead, its replicas suspect, and nothing is held off while
+// another replica answered lately. So a stalled server costs a few
+// goroutines, never a queue of them, and never a caller's time.
+// callsites.go says where each kind of call runs, as the documents quote
+// it.
 
 // lookupBackend is what a scheduler handle asks: a standalone server
 // through its link (standaloneBackend), or MORI's master (masterBackend).
@@ -49,8 +58,9 @@ type lookupBackend interface {
 	close(stuck <-chan struct{}, timeout time.Duration) error
 }
 
-// lookupSource is one connection's answers to what a scheduler asks. Its
-// methods report a transport failure to whatever reconnects.
+// lookupSource is one connection's answers to what a scheduler asks (a
+// standalone server's), or one replica set's (the master's). Its methods
+// report a transport failure to whatever reconnects.
 type lookupSource interface {
 	// exists and prefix send keys their backend's encode encoded; they
 	// free what they do not send.
@@ -60,23 +70,32 @@ type lookupSource interface {
 	match(ctx context.Context, hashes []string) ([]masterconn.NodeMatch, error)
 	clear(ctx context.Context) (bool, error)
 	ping(ctx context.Context) (ServerCapabilities, error)
-	// inline reports whether exists and prefix end when their context
-	// does (lock-step calls, their connection interrupted), so that the
-	// caller may make them on its own goroutine.
-	inline() bool
-	// askAgain asks what exists (prefix, when prefix) asks, of no key,
-	// and returns once the server answers, the call fails or ctx ends:
-	// the probe after a call overran.
-	askAgain(ctx context.Context, prefix bool) error
-	// probesReplicas reports whether a detached call that overran is
-	// followed by askAgain too: the master's, whose other replicas may
-	// answer while the call waits on one.
-	probesReplicas() bool
-	// othersAnswer reports whether, a call having overrun, another
-	// replica is there to answer the next: one answered within d (while
-	// the call waited), none of whose calls ended unanswered since. Then
-	// the overrun holds no call off; its probe runs all the same.
-	othersAnswer(d time.Duration) bool
+	// probe asks what exists (prefix, when prefix) asks, of no key, and
+	// returns once the server answers (on a replica set, one replica), the
+	// call fails or ctx ends: the probe after a call went unanswered.
+	probe(ctx context.Context, prefix bool) error
+	// can says what the source can do; the caller decides from it how its
+	// calls are made.
+	can() sourceCaps
+}
+
+// sourceCaps are what a lookupSource can do.
+type sourceCaps struct {
+	// lockStep: exists and prefix end when their context does (lock-step
+	// calls, their connection interrupted), so the caller may make them
+	// on its own goroutine.
+	lockStep bool
+	// replicas, when not nil: several servers answer the same calls, any
+	// of them the next; it says whether one answered lately. A call to
+	// them ends when its context does.
+	replicas answerer
+}
+
+// answerer is a replica set (replicaset.Set).
+type answerer interface {
+	// AnsweredWithin reports whether a replica is there to answer the
+	// next call: one healthy that answered within d.
+	AnsweredWithin(d time.Duration) bool
 }
 
 var (
@@ -84,8 +103,6 @@ var (
 	// deadline has not returned: the server is stalled, asking again would
 	// only queue behind it.
 	errUnanswered = errors.New("an earlier call to the server has not returned")
-	// errNoReply is the error of a call that overran its deadline.
-	errNoReply = errors.New("no reply")
 )
 
 // caller runs a scheduler handle's calls to its backend's current
@@ -157,7 +174,7 @@ const (
 // c's timeout or until ctx ends; what names the call in its errors. A
 // lookup (kind callExists or callPrefix) on a source whose lookups are
 // lock-step runs on the caller's goroutine instead (callInline).
-func call[T any](ctx context.Context, c *caller, what string, kind callKind, fn func(context.Context, lookupSource) (T, error)) (T, error) {
+func call[T any](ctx context.Context, c *caller, what string, kind callKind, fn func(lookupSource, context.Context) (T, error)) (T, error) {
 	var zero T
 	c.mu.Lock()
 	if c.closed {
@@ -180,7 +197,8 @@ func call[T any](ctx context.Context, c *caller, what string, kind callKind, fn 
 	if c.probeHolds || (c.probe != nil && isDone(c.probe)) {
 		c.probe = nil // a probe out that holds nothing off is kept: one at a time
 	}
-	if kind != callOther && src.inline() {
+	caps := src.can()
+	if kind != callOther && caps.lockStep {
 		c.mu.Unlock()
 		return callInline(ctx, c, what, src, kind, fn)
 	}
@@ -193,13 +211,13 @@ func call[T any](ctx context.Context, c *caller, what string, kind callKind, fn 
 	// asked suspect, and then settles what it holds off (ended).
 	dctx, end := context.Background(), context.CancelCauseFunc(nil)
 	var stopped atomic.Bool
-	if src.probesReplicas() {
+	if caps.replicas != nil {
 		dctx, end = context.WithCancelCause(context.Background())
 		defer end(nil)
 	}
 	var f *daemonpool.Future[T]
 	f, err = daemonpool.Submit(pool, func() (T, error) {
-		v, err := fn(dctx, src)
+		v, err := fn(src, dctx)
 		if stopped.Load() {
 			c.ended(src, pool, kind, f.Done())
 		}
@@ -226,10 +244,10 @@ func call[T any](ctx context.Context, c *caller, what string, kind callKind, fn 
 		if end != nil {
 			stopped.Store(true)
 			c.holdWhile(src, pool, kind, f.Done())
-			// Ended with its cause: errNoReply when it ran out c's
+			// Ended with its cause: errdefs.ErrNoReply when it ran out c's
 			// timeout (the store is checked then), the caller's own
 			// otherwise.
-			cause := error(errNoReply)
+			cause := error(errdefs.ErrNoReply)
 			if ctx.Err() != nil {
 				cause = context.Cause(ctx)
 			}
@@ -241,13 +259,43 @@ func call[T any](ctx context.Context, c *caller, what string, kind callKind, fn 
 	if err := ctx.Err(); err != nil {
 		return zero, fmt.Errorf("%s: %w", what, err)
 	}
-	return zero, fmt.Errorf("%s: %w within %v: %w", what, errNoReply, c.timeout, context.DeadlineExceeded)
+	return zero, fmt.Errorf("%s: %w within %v: %w", what, errdefs.ErrNoReply, c.timeout, context.DeadlineExceeded)
+}
+
+// exists is a Lookup's call of keys, the answer checked for their number.
+func (c *caller) exists(ctx context.Context, keys encoded.Keys) ([]bool, error) {
+	n := keys.N // keys are freed once sent
+	return call(ctx, c, "lookup", callExists, func(src lookupSource, ctx context.Context) ([]bool, error) {
+		hits, err := src.exists(ctx, keys)
+		if err == nil && len(hits) != n {
+			return nil, fmt.Errorf("%d results for %d keys", len(hits), n)
+		}
+		return hits, err
+	})
+}
+
+// prefix is a LookupPrefix's call of keys, the count checked against
+// their number.
+func (c *caller) prefix(ctx context.Context, keys encoded.Keys) (int, error) {
+	n := keys.N
+	return call(ctx, c, "prefix lookup", callPrefix, func(src lookupSource, ctx context.Context) (int, error) {
+		return checkedPrefix(src, ctx, keys, n)
+	})
+}
+
+// checkedPrefix asks src for the prefix of keys, of which there are n.
+func checkedPrefix(src lookupSource, ctx context.Context, keys encoded.Keys, n int) (int, error) {
+	count, err := src.prefix(ctx, keys)
+	if err == nil && (count < 0 || count > n) {
+		return 0, fmt.Errorf("count %d for %d keys", count, n)
+	}
+	return count, err
 }
 
 // callInline runs fn on the caller's goroutine, ended when c's timeout
 // passes or ctx ends; one that ended so leaves a probe in flight
 // (overran).
-func callInline[T any](ctx context.Context, c *caller, what string, src lookupSource, kind callKind, fn func(context.Context, lookupSource) (T, error)) (T, error) {
+func callInline[T any](ctx context.Context, c *caller, what string, src lookupSource, kind callKind, fn func(lookupSource, context.Context) (T, error)) (T, error) {
 	var zero T
 	// A timer that cancels, rather than a deadline: a deadline would
 	// travel to the server (grpc-timeout), which would then keep a timer
@@ -256,9 +304,9 @@ func callInline[T any](ctx context.Context, c *caller, what string, src lookupSo
 	var expired atomic.Bool
 	t := time.AfterFunc(c.timeout, func() {
 		expired.Store(true)
-		cancel(errNoReply)
+		cancel(errdefs.ErrNoReply)
 	})
-	v, err := fn(cctx, src)
+	v, err := fn(src, cctx)
 	t.Stop()
 	cancel(nil)
 	switch {
@@ -271,21 +319,21 @@ func callInline[T any](ctx context.Context, c *caller, what string, src lookupSo
 		return zero, fmt.Errorf("%s: %w", what, ctx.Err())
 	case expired.Load():
 		c.overran(src, nil, kind, nil)
-		return zero, fmt.Errorf("%s: %w within %v: %w", what, errNoReply, c.timeout, context.DeadlineExceeded)
+		return zero, fmt.Errorf("%s: %w within %v: %w", what, errdefs.ErrNoReply, c.timeout, context.DeadlineExceeded)
 	}
 	return zero, err
 }
 
 // overran holds later calls off after a call to src overran: while stuck,
 // the Done channel of a detached call that overran, has not returned, and
-// until a probe answers where there is one. A probe (src.askAgain, on a
+// until a probe answers where there is one. A probe (src.probe, on a
 // detached goroutine, with no bound) follows a lock-step call (stuck nil:
-// it was ended), and any call to the master's replicas, where it finds
-// another replica that answers at once. A lock-step call to the master's
-// replicas holds nothing off while another replica answers
-// (src.othersAnswer): its probe only sets the silent aside. pool, when
-// not nil, is the pool stuck runs on: a call on a pool replaced meanwhile
-// holds nothing up (its connection is closed).
+// it was ended), and any call to replicas, where it finds another replica
+// that answers at once. A lock-step call to replicas holds nothing off
+// while another replica answered within the bound (answeredWithin): its
+// probe only sets the silent aside. pool, when not nil, is the pool stuck
+// runs on: a call on a pool replaced meanwhile holds nothing up (its
+// connection is closed).
 func (c *caller) overran(src lookupSource, pool *daemonpool.Pool, kind callKind, stuck <-chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -299,9 +347,10 @@ func (c *caller) overran(src lookupSource, pool *daemonpool.Pool, kind callKind,
 	// suspect: others that answered meanwhile take the next calls. A
 	// detached one is still waiting, on a replica not known here: it
 	// holds calls off.
-	hold := stuck != nil || !src.othersAnswer(c.timeout)
+	caps := src.can()
+	hold := stuck != nil || !answeredWithin(caps, c.timeout)
 	c.unanswered = stuck
-	if stuck != nil && !src.probesReplicas() {
+	if stuck != nil && caps.replicas == nil {
 		c.probe = nil
 		return
 	}
@@ -315,7 +364,7 @@ func (c *caller) overran(src lookupSource, pool *daemonpool.Pool, kind callKind,
 	prefix := kind == callPrefix
 	f, err := daemonpool.Submit(c.calls, func() (struct{}, error) {
 		for pause := time.Duration(0); ; {
-			err := src.askAgain(context.Background(), prefix)
+			err := src.probe(context.Background(), prefix)
 			if err == nil || c.gone(src) {
 				return struct{}{}, err
 			}
@@ -343,7 +392,7 @@ func (c *caller) overran(src lookupSource, pool *daemonpool.Pool, kind callKind,
 // while it waited (none it waits on has answered since it began, or it
 // would not be waiting).
 func (c *caller) holdWhile(src lookupSource, pool *daemonpool.Pool, kind callKind, done <-chan struct{}) {
-	if src.othersAnswer(c.timeout / 2) {
+	if answeredWithin(src.can(), c.timeout/2) {
 		return
 	}
 	c.overran(src, pool, kind, done)
@@ -409,6 +458,12 @@ func (c *caller) close() (stuck <-chan struct{}, first bool) {
 		stuck = nil
 	}
 	return stuck, true
+}
+
+// answeredWithin reports whether another of caps' replicas answered
+// within d; false where there are none.
+func answeredWithin(caps sourceCaps, d time.Duration) bool {
+	return caps.replicas != nil && caps.replicas.AnsweredWithin(d)
 }
 
 func isDone(done <-chan struct{}) bool {

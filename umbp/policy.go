@@ -62,44 +62,8 @@ const (
 	discardTimeout  = time.Second
 )
 
-// The master's channel (and each replica's) is redialled by gRPC, paced by
-// masterRedial: a master that came back is used again within about its Max.
-// One connection attempt may take masterConnectTimeout (gRPC's own
-// default): a master that accepts TCP but does not speak is given up on
-// after it, and the call waiting for it ends at its own deadline first.
-var masterRedial = backoff.Policy{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond, Factor: 1.6, Jitter: 0.2}
-
-const masterConnectTimeout = 20 * time.Second
-
-// A handle on the master's replicas: a set-aside replica is probed every
-// probeInterval, each probe bounded by probeTimeout, so one that answers
-// again is used within about their sum. Hedges are budgeted as gRFC A6
-// throttles retries: every call earns hedgeRatio of a token, up to
-// hedgeBurst; a hedge spends one: at most about one call in ten is asked
-// twice when the replicas are slow, after a burst of hedgeBurst.
-// A handle's first attach to the replicas gives the others attachGrace once
-// one has answered; those still silent are set aside and probed back. A
-// replica another answered before overtakenLimit calls in a row is set
-// aside too. A replica a call's context ended on unanswered is suspect:
-// asked only when no other is usable, until it answers (the probe that
-// follows asks it) or suspectFor passes.
-const (
-	suspectFor = time.Second
-	// storeCheckEvery paces the checks of a store said to be out: one at
-	// a time, each answered at once by a store that is down (or back),
-	// or after the store's own timeout by one that is stalled.
-	storeCheckEvery = 50 * time.Millisecond
-	attachGrace     = 100 * time.Millisecond
-	overtakenLimit  = 3
-	probeInterval   = 250 * time.Millisecond
-	probeTimeout    = 250 * time.Millisecond
-	hedgeRatio      = 0.1
-	hedgeBurst      = 10
-)
-
-// A kind of call whose answers take longer than HedgeDelay is hedged after
-// hedgeLatencyFactor times its moving average instead.
-const hedgeLatencyFactor = 3
+// The master's replicas: their pacing, hedging and health figures are
+// internal/replicaset's (its policy.go).
 
 // A probe after a lock-step lookup overran (lookupcall.go) that failed
 // rather than waited (a connection refused, a dial that timed out) is made

@@ -7,13 +7,14 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
 	"github.com/umbp-go/umbp-go/internal/encoded"
-	"github.com/umbp-go/umbp-go/internal/masterconn"
+	"github.com/umbp-go/umbp-go/internal/errdefs"
+	"github.com/umbp-go/umbp-go/internal/loglimit"
+	"github.com/umbp-go/umbp-go/internal/replicaset"
 )
 
 // SchedulerHandle answers a scheduler's questions about which KV blocks the
@@ -40,7 +41,7 @@ type SchedulerHandle struct {
 	log          *slog.Logger
 	closeTimeout time.Duration
 	what         string // "UMBP standalone" or "UMBP master", for logs
-	failures     logLimiter
+	failures     loglimit.Limiter
 	stats        lookupCounters
 	quarantine   *quarantine // nil: off
 }
@@ -157,24 +158,15 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 	}
 	h.stats.lookups.Add(1)
 	var out []bool
-	if n := len(keys); err == nil {
-		out, err = call(ctx, h.calls, "lookup", callExists, func(ctx context.Context, src lookupSource) ([]bool, error) {
-			hits, err := src.exists(ctx, q)
-			if err != nil {
-				return nil, err
-			}
-			if len(hits) != q.N {
-				return nil, fmt.Errorf("%d results for %d keys", len(hits), q.N)
-			}
-			if at == nil {
-				return hits, nil
-			}
-			out := make([]bool, n)
-			for j, i := range at {
-				out[i] = hits[j]
-			}
-			return out, nil
-		})
+	if err == nil {
+		out, err = h.calls.exists(ctx, q)
+	}
+	if err == nil && at != nil {
+		all := make([]bool, len(keys))
+		for j, i := range at {
+			all[i] = out[j]
+		}
+		out = all
 	}
 	if err != nil {
 		h.logFailure("lookup", err)
@@ -250,13 +242,7 @@ func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
 	}
 	var n int
 	if err == nil {
-		n, err = call(ctx, h.calls, "prefix lookup", callPrefix, func(ctx context.Context, src lookupSource) (int, error) {
-			n, err := src.prefix(ctx, q)
-			if err == nil && (n < 0 || n > len(keys)) {
-				err = fmt.Errorf("count %d for %d keys", n, len(keys))
-			}
-			return n, err
-		})
+		n, err = h.calls.prefix(ctx, q)
 	}
 	if err != nil {
 		h.logFailure("prefix lookup", err)
@@ -318,42 +304,8 @@ func (h *SchedulerHandle) Score(ctx context.Context, req ScoreRequest) (Scores, 
 	if len(keys) > 0 {
 		q, qErr = h.backend.encode(keys)
 	}
-	type answer struct {
-		nodes  []masterconn.NodeMatch
-		prefix int
-		errs   [2]error
-	}
 	h.stats.lookups.Add(1)
-	a, err := call(ctx, h.calls, "score", callOther, func(ctx context.Context, src lookupSource) (answer, error) {
-		var a answer
-		// The two halves go out at once (to two replicas of a master,
-		// where it has them).
-		var wg sync.WaitGroup
-		if len(hashes) > 0 {
-			wg.Go(func() { a.nodes, a.errs[0] = src.match(ctx, hashes) })
-		}
-		switch {
-		case len(keys) == 0:
-		case qErr != nil:
-			a.errs[1] = qErr
-		default:
-			a.prefix, a.errs[1] = src.prefix(ctx, q)
-			if a.errs[1] == nil && (a.prefix < 0 || a.prefix > len(keys)) {
-				a.errs[1] = fmt.Errorf("count %d for %d keys", a.prefix, len(keys))
-				a.prefix = 0
-			}
-		}
-		wg.Wait()
-		// A call whose both halves failed failed: the handle's fail-fast
-		// and the link's reconnect see it.
-		if a.errs[0] != nil && (a.errs[1] != nil || len(keys) == 0) {
-			return a, a.errs[0]
-		}
-		if a.errs[1] != nil && len(hashes) == 0 {
-			return a, a.errs[1]
-		}
-		return a, nil
-	})
+	a, err := call(ctx, h.calls, "score", callOther, scoreQuery{hashes, keys, q, qErr}.ask)
 	if err != nil {
 		h.logFailure("score", err)
 		return out, nil
@@ -377,7 +329,7 @@ func (h *SchedulerHandle) Score(ctx context.Context, req ScoreRequest) (Scores, 
 // its workers failed to load: the pool may still list a key it cannot
 // serve (a node that died, an object evicted under the load).
 func (h *SchedulerHandle) QuarantineKeys(keys []string) {
-	if n := h.quarantine.add(keys); n > 0 && h.failures.allow() {
+	if n := h.quarantine.add(keys); n > 0 && h.failures.Allow(failureLogInterval) {
 		h.log.Warn(h.what+" quarantine is full; some failed keys were not quarantined", "endpoint", h.address, "keys", n)
 	}
 }
@@ -389,9 +341,7 @@ func (h *SchedulerHandle) QuarantineKeys(keys []string) {
 // (context.DeadlineExceeded). A handle on the master is refused
 // (ErrNotSupported): a distributed pool is cleared by its nodes.
 func (h *SchedulerHandle) Clear(ctx context.Context) error {
-	cleared, err := call(ctx, h.calls, "Clear", callOther, func(ctx context.Context, src lookupSource) (bool, error) {
-		return src.clear(ctx)
-	})
+	cleared, err := call(ctx, h.calls, "Clear", callOther, lookupSource.clear)
 	if err == nil && !cleared {
 		err = fmt.Errorf("%w: the server answered that it did not clear its pool", ErrRefused)
 	}
@@ -409,9 +359,7 @@ func (h *SchedulerHandle) Clear(ctx context.Context) error {
 // scheduler call; the answer also refreshes what [SchedulerHandle.Stats]
 // reports. Its error says why the server did not answer.
 func (h *SchedulerHandle) Ping(ctx context.Context) (ServerCapabilities, error) {
-	caps, err := call(ctx, h.calls, "Ping", callOther, func(ctx context.Context, src lookupSource) (ServerCapabilities, error) {
-		return src.ping(ctx)
-	})
+	caps, err := call(ctx, h.calls, "Ping", callOther, lookupSource.ping)
 	return caps, opError("ping", h.address, err)
 }
 
@@ -434,22 +382,22 @@ func (h *SchedulerHandle) Close() error {
 // notAsked reports whether a call that failed with err answered without
 // asking any server (Stats' Unasked).
 func notAsked(err error) bool {
-	return errors.Is(err, errUnanswered) || errors.Is(err, errReconnecting) || errors.Is(err, ErrClosed) || errors.Is(err, errStoreNotAsked)
+	return errors.Is(err, errUnanswered) || errors.Is(err, errReconnecting) || errors.Is(err, ErrClosed) || errors.Is(err, replicaset.ErrStoreNotAsked) || errors.Is(err, replicaset.ErrNoReplica)
 }
 
 func (h *SchedulerHandle) logFailure(op string, err error) {
 	switch {
-	case errors.Is(err, errNoReply):
+	case errors.Is(err, errdefs.ErrNoReply):
 		h.stats.timeouts.Add(1)
 	case notAsked(err):
 		h.stats.unasked.Add(1)
 	case !errors.Is(err, context.DeadlineExceeded):
 		h.stats.failures.Add(1)
 	}
-	if errors.Is(err, ErrClosed) || !h.failures.allow() {
+	if errors.Is(err, ErrClosed) || !h.failures.Allow(failureLogInterval) {
 		return
 	}
-	if errors.Is(err, errStoreUnavailable) {
+	if errors.Is(err, replicaset.ErrStoreUnavailable) {
 		return // the store's fault, which the backend says once
 	}
 	h.log.Warn(h.what+" call failed; treating as a miss", "op", op, "endpoint", h.address, "err", err)

@@ -1,10 +1,13 @@
 package umbp
 
 import (
+	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"unicode/utf8"
 
+	"github.com/umbp-go/umbp-go/internal/encoded"
 	"github.com/umbp-go/umbp-go/internal/masterconn"
 	"github.com/umbp-go/umbp-go/internal/tier"
 )
@@ -216,4 +219,47 @@ func (r *ScoreRequest) rank(out *Scores, nodes []masterconn.NodeMatch, prefix in
 	if r.Prompt != nil {
 		out.PoolTokens = r.Prompt.Tokens(prefix)
 	}
+}
+
+// scoreQuery is what a Score asks: the block hashes of the external KV
+// index, and the pool's keys, encoded (or the error that encoding them
+// gave).
+type scoreQuery struct {
+	hashes []string
+	keys   []string
+	q      encoded.Keys
+	qErr   error
+}
+
+// scoreAnswer is a Score's two answers, each half's error apart.
+type scoreAnswer struct {
+	nodes  []masterconn.NodeMatch
+	prefix int
+	errs   [2]error
+}
+
+// ask asks src both halves at once (two replicas of a master, where it
+// has them). A call whose both halves failed failed: the handle's
+// fail-fast and the link's reconnect see it.
+func (s scoreQuery) ask(src lookupSource, ctx context.Context) (scoreAnswer, error) {
+	var a scoreAnswer
+	var wg sync.WaitGroup
+	if len(s.hashes) > 0 {
+		wg.Go(func() { a.nodes, a.errs[0] = src.match(ctx, s.hashes) })
+	}
+	switch {
+	case len(s.keys) == 0:
+	case s.qErr != nil:
+		a.errs[1] = s.qErr
+	default:
+		a.prefix, a.errs[1] = checkedPrefix(src, ctx, s.q, len(s.keys))
+	}
+	wg.Wait()
+	if a.errs[0] != nil && (a.errs[1] != nil || len(s.keys) == 0) {
+		return a, a.errs[0]
+	}
+	if a.errs[1] != nil && len(s.hashes) == 0 {
+		return a, a.errs[1]
+	}
+	return a, nil
 }

@@ -92,11 +92,10 @@ func (s standaloneSource) ping(ctx context.Context) (ServerCapabilities, error) 
 	return capabilitiesOf(caps), s.failed(err)
 }
 
-func (s standaloneSource) inline() bool                    { return s.c.LockStepLookups() }
-func (s standaloneSource) probesReplicas() bool            { return false }
-func (s standaloneSource) othersAnswer(time.Duration) bool { return false }
+// can: lookups are lock-step but with Config.GRPCLookups; one server.
+func (s standaloneSource) can() sourceCaps { return sourceCaps{lockStep: s.c.LockStepLookups()} }
 
-func (s standaloneSource) askAgain(ctx context.Context, prefix bool) error {
+func (s standaloneSource) probe(ctx context.Context, prefix bool) error {
 	return s.failed(s.c.ProbeLookup(ctx, prefix))
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/umbp-go/umbp-go/internal/conn"
 	"github.com/umbp-go/umbp-go/internal/daemonpool"
 	"github.com/umbp-go/umbp-go/internal/errdefs"
+	"github.com/umbp-go/umbp-go/internal/loglimit"
 	"github.com/umbp-go/umbp-go/internal/rpc"
 )
 
@@ -29,8 +30,8 @@ type jobRunner struct {
 	address string
 	log     *slog.Logger
 
-	refusals logLimiter
-	failures logLimiter
+	refusals loglimit.Limiter
+	failures loglimit.Limiter
 
 	mu     sync.Mutex // orders submissions with a connection's replacement, and with close
 	tr     transport  // the current connection's
@@ -143,7 +144,7 @@ func (t *jobRunner) submit(kind jobKind, plans []BlockTransferPlan, opts []Trans
 // refuseBlocked refuses a job while n transfers are blocked.
 func (t *jobRunner) refuseBlocked(job *TransferJob, n int64) {
 	job.failRest(notAttempted(errBlocked))
-	if t.refusals.allow() {
+	if t.refusals.Allow(failureLogInterval) {
 		t.log.Warn("UMBP standalone transfers are refused while timed-out transfers are still blocked in the server",
 			"endpoint", t.address, "blocked", n)
 	}
@@ -299,7 +300,7 @@ func (t *jobRunner) reportFailure(kind jobKind, err error) {
 	if err == nil {
 		return
 	}
-	if t.failures.allow() {
+	if t.failures.Allow(failureLogInterval) {
 		t.log.Warn("UMBP standalone transfer failed; its keys fail", "op", kind.String(), "endpoint", t.address, "err", err)
 	}
 	t.link.failed(err)

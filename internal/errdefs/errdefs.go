@@ -22,4 +22,8 @@ var (
 	ErrUntrustedServer = errors.New("untrusted server")
 	// ErrClosed means the handle (or its connection) was closed.
 	ErrClosed = errors.New("handle is closed")
+	// ErrNoReply is the cause a call is ended with when it got no reply
+	// within its bound (a scheduler call's LookupTimeout), as told apart
+	// from its caller's own context ending.
+	ErrNoReply = errors.New("no reply")
 )

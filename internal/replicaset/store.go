@@ -1,4 +1,4 @@
-package umbp
+package replicaset
 
 import (
 	"context"
@@ -11,20 +11,22 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/umbp-go/umbp-go/internal/loglimit"
 )
 
 // The master's metadata store (MORI's replicas over Redis, Valkey): its
 // outage is every replica's alike, one fault, told apart from a replica's
-// and said once, naming the store; while it lasts calls answer misses at
-// once, and it is watched for its return.
+// and said once, naming the store; while it lasts calls answer at once,
+// no replica asked, and it is watched for its return.
 
-// errStoreUnavailable is a call every replica asked answered with its
-// metadata store unavailable (MORI's Redis-backed master).
-var errStoreUnavailable = errors.New("the master's metadata store is unavailable")
+// ErrStoreUnavailable is the error of a call every replica asked answered
+// with its metadata store unavailable (MORI's Redis-backed master).
+var ErrStoreUnavailable = errors.New("the master's metadata store is unavailable")
 
-// errStoreNotAsked is a call answered at once, no replica asked, while the
-// store is said to be out.
-var errStoreNotAsked = fmt.Errorf("%w (said so before; no replica asked until a check answers otherwise)", errStoreUnavailable)
+// ErrStoreNotAsked is the error of a call answered at once, no replica
+// asked, while the store is said to be out.
+var ErrStoreNotAsked = fmt.Errorf("%w (said so before; no replica asked until a check answers otherwise)", ErrStoreUnavailable)
 
 // storeCheckKey is the key a store check looks up: a lookup of no key
 // never reads the store.
@@ -39,18 +41,18 @@ func isStoreFault(err error) bool {
 	return ok && s.Code() == codes.Unavailable && strings.Contains(s.Message(), storeUnavailableText)
 }
 
-// storeWatch is a handle's view of the replicas' store.
+// storeWatch is the set's view of the replicas' store.
 type storeWatch struct {
 	replicas []*replica
 	masters  string // the replicas' addresses, for logs
 	timeout  time.Duration
 	log      *slog.Logger
-	warn     logLimiter
+	warn     loglimit.Limiter
 	// check takes a replica a call left unanswered to run, which asks it
 	// what reads the store.
 	check chan *replica
 	// out: a replica said its store is unavailable, and no check of the
-	// store has answered since; calls answer misses at once.
+	// store has answered since; calls answer at once.
 	out atomic.Bool
 }
 
@@ -112,15 +114,15 @@ func (w *storeWatch) run(ctx context.Context) {
 	}
 }
 
-// down says, at most every failureLogInterval, that the master's store is
+// down says, at most every storeWarnEvery, that the master's store is
 // unavailable: the store's fault, every replica's alike, so it names the
-// store (the masters), not a replica. Calls answer misses at once until a
-// check of the store is answered (run).
+// store (the masters), not a replica. Calls answer at once until a check
+// of the store is answered (run).
 func (w *storeWatch) down(err error) {
 	if !w.out.Swap(true) {
 		w.suspect(w.replicas[0]) // watch for its return
 	}
-	if !w.warn.allow() {
+	if !w.warn.Allow(storeWarnEvery) {
 		return
 	}
 	said := err.Error()

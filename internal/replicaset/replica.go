@@ -1,4 +1,4 @@
-package umbp
+package replicaset
 
 import (
 	"sync"
@@ -7,10 +7,6 @@ import (
 
 	"github.com/umbp-go/umbp-go/internal/masterconn"
 )
-
-// One master replica: its channel, its health as the handle sees it, its
-// counters; how a call picks one; and the budget its hedges spend. What
-// the handle does with them is master.go's.
 
 // replica is one master replica's channel, its health and its counters.
 type replica struct {
@@ -61,12 +57,12 @@ func (r *replica) observe(d time.Duration) {
 	r.latency.Store(old + (int64(d)-old)/8)
 }
 
-// pick returns the usable replica not tried yet with the fewest calls in
-// flight, the one that answered last first among equals (a master process
-// asked call after call answers sooner than three asked in turn), a
-// suspect one only when no other is usable; nil when there is none.
-// tried, when not nil, marks the replicas not to pick; last is the one
-// that answered last.
+// pickReplica returns the usable replica not tried yet with the fewest
+// calls in flight, the one that answered last first among equals (a
+// master process asked call after call answers sooner than three asked in
+// turn), a suspect one only when no other is usable; nil when there is
+// none. tried, when not nil, marks the replicas not to pick; last is the
+// one that answered last.
 func pickReplica(replicas []*replica, last int, tried []bool) *replica {
 	n := len(replicas)
 	start := last % n

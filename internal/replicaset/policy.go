@@ -1,0 +1,53 @@
+package replicaset
+
+import (
+	"time"
+
+	"github.com/umbp-go/umbp-go/internal/backoff"
+)
+
+// The set's policy: every pacing, hedging and health figure, in one place.
+
+// Each replica's channel is redialled by gRPC, paced by Redial: a replica
+// that came back is used again within about its Max. One connection
+// attempt may take ConnectTimeout (gRPC's own default): a replica that
+// accepts TCP but does not speak is given up on after it, and the call
+// waiting for it ends at its own bound first.
+var Redial = backoff.Policy{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond, Factor: 1.6, Jitter: 0.2}
+
+const ConnectTimeout = 20 * time.Second
+
+// A set-aside replica is probed every probeInterval, each probe bounded
+// by probeTimeout, so one that answers again is used within about their
+// sum. Hedges are budgeted as gRFC A6 throttles retries: every call earns
+// hedgeRatio of a token, up to hedgeBurst; a hedge spends one: at most
+// about one call in ten is asked twice when the replicas are slow, after a
+// burst of hedgeBurst. Open gives the other replicas attachGrace once one
+// has answered; those still silent are set aside and probed back, and so
+// are those a probe of every replica (ProbeAll) finds silent attachGrace
+// after another answered. A replica another answered before
+// overtakenLimit calls in a row is set aside too. A replica a call's
+// context ended on unanswered is suspect: asked only when no other is
+// usable, until it answers or suspectFor passes.
+const (
+	suspectFor     = time.Second
+	attachGrace    = 100 * time.Millisecond
+	overtakenLimit = 3
+	probeInterval  = 250 * time.Millisecond
+	probeTimeout   = 250 * time.Millisecond
+	hedgeRatio     = 0.1
+	hedgeBurst     = 10
+)
+
+// A kind of call whose answers take longer than the hedge delay is hedged
+// after hedgeLatencyFactor times its moving average instead.
+const hedgeLatencyFactor = 3
+
+// storeCheckEvery paces the checks of a store said to be out: one at a
+// time, each answered at once by a store that is down (or back), or after
+// the store's own timeout by one that is stalled. storeWarnEvery is how
+// often its outage is said again while it lasts.
+const (
+	storeCheckEvery = 50 * time.Millisecond
+	storeWarnEvery  = 30 * time.Second
+)

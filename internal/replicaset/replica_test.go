@@ -1,0 +1,138 @@
+package replicaset
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/umbp-go/umbp-go/internal/errdefs"
+)
+
+// A call goes to the usable replica with the fewest calls in flight, the
+// one that answered last first among equals; a suspect one only when no
+// other is usable; none set aside or down, and none tried already.
+func TestPickReplica(t *testing.T) {
+	rs := []*replica{{idx: 0}, {idx: 1}, {idx: 2}}
+	for _, r := range rs {
+		r.up.Store(true)
+	}
+	if r := pickReplica(rs, 1, nil); r != rs[1] {
+		t.Fatalf("equals: picked %d, want the one that answered last (1)", r.idx)
+	}
+	rs[1].inflight.Store(2)
+	rs[2].inflight.Store(1)
+	if r := pickReplica(rs, 1, nil); r != rs[0] {
+		t.Fatalf("picked %d, want the least busy (0)", r.idx)
+	}
+	if r := pickReplica(rs, 1, []bool{true, false, false}); r != rs[2] {
+		t.Fatalf("0 tried: picked %d, want 2", r.idx)
+	}
+	rs[0].suspect.Store(time.Now().UnixNano())
+	rs[2].aside.Store(true)
+	if r := pickReplica(rs, 0, nil); r != rs[1] {
+		t.Fatalf("0 suspect, 2 set aside: picked %d, want 1", r.idx)
+	}
+	rs[1].up.Store(false)
+	if r := pickReplica(rs, 0, nil); r != rs[0] {
+		t.Fatalf("only 0, suspect, usable: picked %v, want 0", r)
+	}
+	rs[0].suspect.Store(time.Now().Add(-2 * suspectFor).UnixNano())
+	if !rs[0].healthy() {
+		t.Fatal("a replica suspect longer than suspectFor ago is not healthy again")
+	}
+	rs[0].up.Store(false)
+	if r := pickReplica(rs, 0, nil); r != nil {
+		t.Fatalf("none usable: picked %d", r.idx)
+	}
+}
+
+// The hedge budget: hedgeBurst at once, then a token for every
+// 1/hedgeRatio calls.
+func TestHedgeBudget(t *testing.T) {
+	b := hedgeBudget{tokens: hedgeBurst}
+	n := 0
+	for b.take() {
+		n++
+	}
+	if n != hedgeBurst {
+		t.Fatalf("a burst of %d hedges, want %d", n, hedgeBurst)
+	}
+	for range int(1/hedgeRatio) - 1 {
+		b.deposit()
+	}
+	if b.take() {
+		t.Fatal("a hedge before a token was earned")
+	}
+	b.deposit()
+	b.deposit() // float rounding: 1/hedgeRatio deposits may fall short of 1
+	if !b.take() {
+		t.Fatal("no hedge after a token's worth of calls")
+	}
+}
+
+// Each kind of call is hedged after its own delay: HedgeDelay, or
+// hedgeLatencyFactor times what that kind takes when that is longer; an
+// answer from a replica that was stopped does not push the delay out of
+// reach.
+func TestHedgeDelayPerKind(t *testing.T) {
+	s := &Set{opts: Options{HedgeDelay: 20 * time.Millisecond}}
+	if d := s.hedgeAfter(Match); d != 20*time.Millisecond {
+		t.Fatalf("before any answer: %v, want HedgeDelay", d)
+	}
+	for range 50 {
+		s.observe(Lookup, 500*time.Microsecond)
+		s.observe(Match, 60*time.Millisecond)
+	}
+	if d := s.hedgeAfter(Lookup); d != 20*time.Millisecond {
+		t.Errorf("lookups of 0.5 ms: hedged after %v, want HedgeDelay", d)
+	}
+	if d := s.hedgeAfter(Match); d < 170*time.Millisecond || d > 190*time.Millisecond {
+		t.Errorf("matches of 60 ms: hedged after %v, want about %d × 60 ms", d, hedgeLatencyFactor)
+	}
+	s.observe(Match, 5*time.Second) // a stopped replica's answer
+	if d := s.hedgeAfter(Match); d > 300*time.Millisecond {
+		t.Errorf("after one answer of 5 s: hedged after %v", d)
+	}
+	s.opts.HedgeDelay = -1
+	if d := s.hedgeAfter(Match); d >= 0 {
+		t.Errorf("HedgeDelay negative: %v, want none", d)
+	}
+}
+
+// A call left unanswered makes the replicas it asked suspect; the store is
+// checked only when the call ended at its caller's bound, not when the
+// caller's own context ended it (an engine that cancels its lookups costs
+// the master no extra call).
+func TestUnansweredChecksTheStoreOnTimeoutOnly(t *testing.T) {
+	rs := []*replica{{idx: 0}, {idx: 1}}
+	s := &Set{replicas: rs, store: newStoreWatch(rs, "m", time.Second, nil)}
+	c := &call[bool]{s: s, tried: []bool{true, true}, answered: []bool{true, false}}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	c.ctx = ctx
+	c.unanswered()
+	if rs[0].suspect.Load() != 0 || rs[1].suspect.Load() == 0 {
+		t.Fatalf("suspect after a call the caller ended: %d, %d; want only the replica that had not answered", rs[0].suspect.Load(), rs[1].suspect.Load())
+	}
+	select {
+	case r := <-s.store.check:
+		t.Fatalf("the store checked through replica %d after a call the caller ended", r.idx)
+	default:
+	}
+
+	ctx, cancelCause := context.WithCancelCause(context.Background())
+	cancelCause(errdefs.ErrNoReply)
+	child, cancelChild := context.WithCancel(ctx) // a call's context, ended by its caller's
+	defer cancelChild()
+	c.ctx = child
+	c.unanswered()
+	select {
+	case r := <-s.store.check:
+		if r != rs[1] {
+			t.Fatalf("the store checked through replica %d, want the one that had not answered", r.idx)
+		}
+	default:
+		t.Fatal("no check of the store after a call that ran out its bound")
+	}
+}
