@@ -117,6 +117,11 @@ var figures = []struct{ doc, text string }{
 	{"umbp/doc.go", "a transfer runs {umbp.whereTransfers} (the server may use its memory"},
 	{"umbp/doc.go", "RegisterBuffers and the external-KV calls run {umbp.whereWorkerCalls}, bounded by Timeout."},
 	{"umbp/scheduler.go", "// A lookup runs {umbp.whereLookups} (a lock-step call, its connection interrupted at"},
+	// The replica set's policy (internal/replicaset/policy.go).
+	{"docs/CLUSTER.md", "While calls are in flight it sends every usable replica a beat every {internal/replicaset.beatEvery/ms} ms"},
+	{"docs/CLUSTER.md", "A replica whose beat has gone {internal/replicaset.beatSilence/ms} ms unanswered while another answered a later one"},
+	{"docs/CLUSTER.md", "is overtaken {internal/replicaset.overtakenLimit/word} calls in a row while answering no beat, or is still silent {internal/replicaset.attachGrace/ms} ms after another answered a probe is set aside and probed every {internal/replicaset.probeInterval/ms} ms until it answers"},
+	{"README.md", "every replica is sent a beat every {internal/replicaset.beatEvery/ms} ms"},
 	{"docs/DEPLOYMENT.md", "| `-capacity` | `{flag:umbp-standalone-server -capacity}` |"},
 	{"docs/DEPLOYMENT.md", "| `-prefault` | `{flag:umbp-standalone-server -prefault}` |"},
 	{"docs/DEPLOYMENT.md", "| `-version` | `{flag:umbp-standalone-server -version}` |"},

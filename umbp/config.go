@@ -238,7 +238,11 @@ type ClusterConfig struct {
 	// takes longer (Score's MatchExternalKv of thousands of hashes) waits
 	// three times its moving average instead. Zero means
 	// DefaultHedgeDelay; negative asks one replica at a time. Hedges are
-	// budgeted: at most about one call in ten when the replicas are slow.
+	// budgeted: at most about one call in 25 when the replicas are slow,
+	// and none while the replica asked answers its beats (a slow store is
+	// as slow on the others). A replica found gone (its beat unanswered
+	// while another answers) has the calls waiting on it hedged at once,
+	// whatever the delay and the budget.
 	HedgeDelay time.Duration
 	// TransportCredentials secure the channel to the master (TLS, mutual
 	// TLS: credentials.NewTLS). MORI's master serves plaintext without

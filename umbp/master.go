@@ -131,7 +131,7 @@ func (b *masterBackend) replicaStats() []ReplicaStats {
 		out[i] = ReplicaStats{
 			Addr: r.Addr, State: st, SetAside: r.Aside,
 			Calls: r.Calls, Hedges: r.Hedges, Answers: r.Answers, SetAsides: r.SetAsides,
-			Latency: r.Latency,
+			Latency: r.Latency, Beats: r.Beats,
 		}
 	}
 	return out

@@ -38,6 +38,10 @@ type ReplicaStats struct {
 	SetAsides uint64
 	// Latency is a moving average of its answers' time.
 	Latency time.Duration
+	// Beats counts the liveness checks (lookups of no key, which never
+	// read the master's store) sent to it while calls were in flight: one
+	// silent while another replica answers is set aside at once.
+	Beats uint64
 }
 
 // LookupStats are a scheduler handle's counters. A call is counted in

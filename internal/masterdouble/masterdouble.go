@@ -134,8 +134,9 @@ type Service struct {
 
 	omu     sync.Mutex
 	outage  Outage
-	changed chan struct{} // closed and replaced when the outage changes
-	onWait  func(string)  // tests: called when a call starts to wait: "store" (stopped) or "expiry" (WaitExpired)
+	changed chan struct{}        // closed and replaced when the outage changes
+	latency func() time.Duration // of each trip to a store that is up; nil: none
+	onWait  func(string)         // tests: called when a call starts to wait: "store" (stopped) or "expiry" (WaitExpired)
 }
 
 var _ umbppb.UMBPMasterServer = (*Service)(nil)

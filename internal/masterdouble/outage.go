@@ -74,6 +74,15 @@ func (s *Service) SetOutage(o Outage) {
 	s.changed = make(chan struct{})
 }
 
+// SetStoreLatency makes every trip to the store, while it is up, take
+// what latency returns (a store slow for every replica over it); nil ends
+// it. A lookup of no key never goes to the store, and is not slowed.
+func (s *Service) SetStoreLatency(latency func() time.Duration) {
+	s.omu.Lock()
+	defer s.omu.Unlock()
+	s.latency = latency
+}
+
 // Outage is the store's outage now.
 func (s *Service) Outage() Outage {
 	s.omu.Lock()
@@ -109,10 +118,13 @@ func (s *Service) store(ctx context.Context, method string, read bool) (nothing 
 	}()
 	for {
 		s.omu.Lock()
-		o, changed := s.outage, s.changed
+		o, changed, latency := s.outage, s.changed, s.latency
 		s.omu.Unlock()
 		switch o {
 		case StoreUp:
+			if latency != nil {
+				return false, slow(ctx, latency())
+			}
 			return false, nil
 		case StoreDown:
 			return false, unavailable(method, "connection refused")
@@ -135,6 +147,19 @@ func (s *Service) store(ctx context.Context, method string, read bool) (nothing 
 		case <-ctx.Done():
 			return false, status.FromContextError(ctx.Err()).Err()
 		}
+	}
+}
+
+// slow waits d, as a slow store's answer; ctx ending first fails the call
+// as a cancelled one.
+func slow(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
 	}
 }
 

@@ -84,6 +84,7 @@ type call[T any] struct {
 	// own; pending counts the attempts not settled yet.
 	answers  chan answer[T]
 	pending  int
+	began    int64  // Unix ns
 	tried    []bool // asked
 	answered []bool // asked, and answered or failed
 	// won, when not nil, ends the caller's own attempt: another answered.
@@ -98,32 +99,49 @@ func newCall[T any](ctx context.Context, s *Set, kind Kind, start func(*masterco
 		tried: make([]bool, len(s.replicas)), answered: make([]bool, len(s.replicas))}
 	c.ctx, c.cancel = context.WithCancel(ctx)
 	c.tried[r.idx] = true
+	c.began = time.Now().UnixNano()
 	return c
 }
 
-// first runs the attempt on r on the caller's goroutine; a timer launches
-// a hedge if it has not answered within delay. A hedge that answers first
-// ends it.
+// first runs the attempt on r on the caller's goroutine; a hedge is
+// launched if it has not answered within delay, unless r answered a beat
+// sent since the call began (r serves: what the call waits for is as slow
+// on another replica) or the budget is spent; at once, and whatever the
+// budget, when r is suspect or found gone meanwhile (liveness.go). A hedge
+// that answers first ends it.
 func (c *call[T]) first(r *replica, delay time.Duration) answer[T] {
 	run := c.start(r.c)
 	own, cancelOwn := context.WithCancel(c.ctx)
 	c.won = cancelOwn
+	var arm hedgeArm
+	if !r.healthy() {
+		arm.urgent.Store(true)
+		delay = 0
+	}
 	// The timer launches under mu, and nothing once the caller's attempt
 	// has returned.
 	var mu sync.Mutex
 	done := false
-	t := time.AfterFunc(delay, func() {
+	arm.t = time.AfterFunc(delay, func() {
 		mu.Lock()
 		defer mu.Unlock()
-		if !done && c.s.budget.take() && c.launch(true) {
+		if done {
+			return
+		}
+		if !arm.urgent.Load() && (r.aliveSince(c.began) || !c.s.budget.take()) {
+			return
+		}
+		if c.launch(true) {
 			c.pending++
 		}
 	})
+	r.arm(&arm)
 	a := attempt(own, c.s, r, run)
+	r.disarm(&arm)
 	mu.Lock()
 	done = true
 	mu.Unlock()
-	t.Stop()
+	arm.t.Stop()
 	cancelOwn()
 	return a
 }
@@ -179,9 +197,9 @@ func (c *call[T]) take(a answer[T]) (v T, err error, done bool) {
 	if a.err == nil {
 		c.s.answered(a.r, c.kind, a.taken)
 		for i, r := range c.s.replicas {
-			if c.tried[i] && !c.answered[i] && r.overtaken.Add(1) >= overtakenLimit {
-				// Still asking, call after call, when another answered:
-				// stalled (or far slower than the rest). Its attempt is
+			if c.tried[i] && !c.answered[i] && !r.aliveSince(c.began) && r.overtaken.Add(1) >= overtakenLimit {
+				// Still asking, call after call, when another answered,
+				// and no beat answered meanwhile: stalled. Its attempt is
 				// cancelled.
 				c.s.setAside(r, "overtaken by "+a.r.addr)
 			}
@@ -240,7 +258,9 @@ func (s *Set) take(tried []bool, hedge bool) *replica {
 	if tried != nil {
 		tried[r.idx] = true
 	}
-	r.inflight.Add(1)
+	if r.inflight.Add(1) == 1 {
+		s.wakeBeats()
+	}
 	r.calls.Add(1)
 	if hedge {
 		r.hedges.Add(1)
@@ -279,11 +299,16 @@ func (s *Set) answered(r *replica, kind Kind, taken time.Duration) {
 // another replica is asked too: HedgeDelay, or hedgeLatencyFactor times
 // what such a call takes when that is longer (Score's MatchExternalKv of
 // thousands of hashes takes tens of milliseconds on a master whose store
-// is Redis); negative: never.
+// is Redis) while every usable replica is healthy; negative: never.
 func (s *Set) hedgeAfter(kind Kind) time.Duration {
 	d := s.opts.HedgeDelay
 	if d <= 0 {
 		return d
+	}
+	for _, r := range s.replicas {
+		if r.usable() && !r.healthy() {
+			return d // one is suspect: the calls' own pace says nothing now
+		}
 	}
 	if l := s.lat[kind].Load(); l > 0 {
 		d = max(d, time.Duration(hedgeLatencyFactor*float64(l)))

@@ -21,12 +21,14 @@ const ConnectTimeout = 20 * time.Second
 // by probeTimeout, so one that answers again is used within about their
 // sum. Hedges are budgeted as gRFC A6 throttles retries: every call earns
 // hedgeRatio of a token, up to hedgeBurst; a hedge spends one: at most
-// about one call in ten is asked twice when the replicas are slow, after a
-// burst of hedgeBurst. Open gives the other replicas attachGrace once one
+// about one call in 25 is asked twice when the replicas are slow, after a
+// burst of hedgeBurst; a hedge for a replica gone or suspect spends none
+// (liveness.go). Open gives the other replicas attachGrace once one
 // has answered; those still silent are set aside and probed back, and so
 // are those a probe of every replica (ProbeAll) finds silent attachGrace
 // after another answered. A replica another answered before
-// overtakenLimit calls in a row is set aside too. A replica a call's
+// overtakenLimit calls in a row, answering no beat meanwhile, is set aside
+// too. A replica a call's
 // context ended on unanswered is suspect: asked only when no other is
 // usable, until it answers or suspectFor passes.
 const (
@@ -35,8 +37,19 @@ const (
 	overtakenLimit = 3
 	probeInterval  = 250 * time.Millisecond
 	probeTimeout   = 250 * time.Millisecond
-	hedgeRatio     = 0.1
+	hedgeRatio     = 0.04
 	hedgeBurst     = 10
+)
+
+// Liveness (liveness.go): while calls are in flight every usable replica
+// is sent a beat every beatEvery, each given up after beatTimeout; one
+// silent for beatSilence while another answered a later beat is gone.
+// So a stopped replica is set aside within about beatEvery + beatSilence,
+// at 1/beatEvery beats a second to each replica while calls are in flight.
+const (
+	beatEvery   = 20 * time.Millisecond
+	beatSilence = 50 * time.Millisecond
+	beatTimeout = time.Second
 )
 
 // A kind of call whose answers take longer than the hedge delay is hedged

@@ -25,6 +25,8 @@ type replica struct {
 	// answeredAt is when it last answered a call or a probe (Unix ns).
 	answeredAt atomic.Int64
 
+	beats beats // liveness.go
+
 	calls, hedges, wins, setAsides atomic.Uint64
 	latency                        atomic.Int64 // of its answers, a moving average, ns
 }

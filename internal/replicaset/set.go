@@ -73,10 +73,11 @@ type Set struct {
 	last atomic.Int32 // the replica that answered last: the next pick starts there
 	// lat is each kind of call's answer time, a moving average (ns), which
 	// sets its hedge delay.
-	lat  [numKinds]atomic.Int64
-	kick chan struct{} // wakes the prober
-	stop context.CancelFunc
-	wg   sync.WaitGroup
+	lat      [numKinds]atomic.Int64
+	kick     chan struct{} // wakes the prober
+	beatKick chan struct{} // wakes the beats: a call is in flight
+	stop     context.CancelFunc
+	wg       sync.WaitGroup
 }
 
 // Open opens a channel to every replica and waits, at most until ctx ends,
@@ -90,7 +91,7 @@ func Open(ctx context.Context, opts Options) (*Set, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Set{masters: strings.Join(opts.Addresses, ","), opts: opts, log: log, kick: make(chan struct{}, 1)}
+	s := &Set{masters: strings.Join(opts.Addresses, ","), opts: opts, log: log, kick: make(chan struct{}, 1), beatKick: make(chan struct{}, 1)}
 	s.budget.tokens = hedgeBurst
 	for i, addr := range opts.Addresses {
 		co := opts.Conn
@@ -113,6 +114,7 @@ func Open(ctx context.Context, opts Options) (*Set, error) {
 		s.wg.Go(func() { s.watch(wctx, r) })
 	}
 	s.wg.Go(func() { s.probe(wctx) })
+	s.wg.Go(func() { s.beat(wctx) })
 	s.wg.Go(func() { s.store.run(wctx) })
 	return s, nil
 }
@@ -223,6 +225,9 @@ type Stat struct {
 	Calls, Hedges, Answers, SetAsides uint64
 	// Latency is a moving average of its answers' time.
 	Latency time.Duration
+	// Beats counts the liveness checks sent to it while calls were in
+	// flight (liveness.go).
+	Beats uint64
 }
 
 // Stats returns every replica's, in the order of Options.Addresses.
@@ -232,7 +237,7 @@ func (s *Set) Stats() []Stat {
 		out[i] = Stat{
 			Addr: r.addr, Usable: r.usable(), Aside: r.aside.Load(),
 			Calls: r.calls.Load(), Hedges: r.hedges.Load(), Answers: r.wins.Load(), SetAsides: r.setAsides.Load(),
-			Latency: time.Duration(r.latency.Load()),
+			Latency: time.Duration(r.latency.Load()), Beats: r.beats.n.Load(),
 		}
 	}
 	return out

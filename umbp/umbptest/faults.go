@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -23,6 +24,13 @@ type faults struct {
 	fail      map[string][]failRun // per method, the failures due, first first
 	suspended chan struct{}        // closed on resume; nil while running
 	off       bool                 // closed: no new stalls
+	latency   time.Duration        // added before every call is answered
+}
+
+func (f *faults) setLatency(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.latency = d
 }
 
 func newFaults(who string, also *callCounter) *faults {
@@ -46,6 +54,7 @@ func (f *faults) enter(ctx context.Context, done <-chan struct{}, method string)
 		f.also.add(method)
 	}
 	stalled := []chan struct{}{f.stalls[method], f.stalls[""]}
+	latency := f.latency
 	f.mu.Unlock()
 	for _, ch := range stalled {
 		if ch == nil {
@@ -58,6 +67,17 @@ func (f *faults) enter(ctx context.Context, done <-chan struct{}, method string)
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()
 		}
+	}
+	if latency > 0 {
+		t := time.NewTimer(latency)
+		select {
+		case <-t.C:
+		case <-done:
+		case <-ctx.Done():
+			t.Stop()
+			return status.FromContextError(ctx.Err()).Err()
+		}
+		t.Stop()
 	}
 	select {
 	case <-done:

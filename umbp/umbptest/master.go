@@ -321,6 +321,13 @@ func (m *Master) Resume(methods ...string) {
 	m.faults.resume(methods)
 }
 
+// SetLatency makes every call to the master from now on wait d before it
+// is answered (a replica slow in itself, whatever its store does: its
+// lookups of no key too); 0 ends it.
+func (m *Master) SetLatency(d time.Duration) {
+	m.faults.setLatency(d)
+}
+
 // FailNext makes the next n calls of method fail with codes.Unavailable
 // before they reach the master; n <= 0 clears pending failures.
 func (m *Master) FailNext(method string, n int) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/umbp-go/umbp-go/internal/masterdouble"
 )
@@ -177,6 +178,14 @@ func (r *ReplicatedMaster) FailStore(f StoreFault) {
 // resumes, or restarts from its append-only file before any node expired.
 func (r *ReplicatedMaster) RestoreStore() {
 	r.state.svc.SetOutage(masterdouble.StoreUp)
+}
+
+// SlowStore makes every trip of every replica to the store take what
+// latency returns, while the store is up (a store slow for all of them);
+// nil ends it. A lookup of no key never reads the store, as MORI's never
+// does, and is not slowed.
+func (r *ReplicatedMaster) SlowStore(latency func() time.Duration) {
+	r.state.svc.SetStoreLatency(latency)
 }
 
 // WipeStore empties the store, as a store restarted without persistence
