@@ -100,13 +100,14 @@ func TestSoak(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = sched.Close() })
 	// The descriptors the handles hold for their servers: one connection
-	// each, with its server's pidfd, and the scheduler's lock-step lookup
-	// connections (to the same server: no pidfd of their own), at most
-	// soakLookupConns of them. Every fault must give back what it took
-	// once it has settled: a handle beside a server that restarts for
-	// weeks must not run out.
+	// each, with its server's pidfd, and each handle's lock-step
+	// connections (the scheduler's lookups, the workers' transfers; to the
+	// same server: no pidfd of their own), at most soakLookupConns of them
+	// a handle. Every fault must give back what it took once it has
+	// settled: a handle beside a server that restarts for weeks must not
+	// run out.
 	fds0 := countFDs(t)
-	fds0.sockets += soakLookupConns()
+	fds0.sockets += soakLookupConns() * (len(engines) + 1)
 
 	var sampler soakSampler
 	samplerStop := make(chan struct{})

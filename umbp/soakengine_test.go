@@ -17,8 +17,9 @@ import (
 	"github.com/umbp-go/umbp-go/umbp"
 )
 
-// soakLookupConns bounds the scheduler handle's lock-step lookup
-// connections: h2call's default, 4 or GOMAXPROCS when that is more.
+// soakLookupConns bounds a handle's lock-step connections (a scheduler's
+// lookups, a worker's transfers): h2call's default, 4 or GOMAXPROCS when
+// that is more.
 func soakLookupConns() int { return max(4, runtime.GOMAXPROCS(0)) }
 
 // fdCounts are this process's open pidfds and sockets.

@@ -65,12 +65,18 @@ type Options struct {
 	// before a descriptor leaves the process, after the trust check passed.
 	PeerCheck fdpass.PeerCheck
 	// StatsHandler, when not nil, is installed on the gRPC channel and
-	// sees the lock-step lookups as it sees a gRPC call.
+	// sees the lock-step calls as it sees a gRPC call.
 	StatsHandler stats.Handler
 	// GRPCLookups sends lookups (BatchExists, BatchExistsConsecutive)
 	// through the gRPC channel, as every other call; by default they are
 	// lock-step calls (internal/h2call) on connections of their own.
 	GRPCLookups bool
+	// GRPCTransfers sends the transfers (BatchPut, BatchGet and their
+	// ranged forms) through the gRPC channel; by default each request is a
+	// lock-step call on one of the connections the lock-step lookups use,
+	// when one is free (the channel otherwise, and for a lock-step call
+	// that could not go out).
+	GRPCTransfers bool
 }
 
 // withStatsHandler installs h on a channel; nil installs nothing.
@@ -119,7 +125,10 @@ type Conn struct {
 	// server Dial attached to (nil: through cc); ident is that server's
 	// socket, which they must still find at the path.
 	lookups *h2call.Client
-	ident   socketIdent
+	// transfers makes the transfers' requests lock-step, on the same
+	// connections as the lookups (nil: through cc).
+	transfers *h2call.Client
+	ident     socketIdent
 	// serverPID is the pid of the server the transport reached (0: not
 	// known).
 	serverPID atomic.Int64
@@ -215,9 +224,10 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 		return nil, err
 	}
 	c.setCaps(caps)
-	if !opts.GRPCLookups {
+	if !opts.GRPCLookups || !opts.GRPCTransfers {
+		var lockStep *h2call.Client
 		if c.ident, err = statSocket(grpcPath); err == nil {
-			c.lookups, err = h2call.New(h2call.Options{
+			lockStep, err = h2call.New(h2call.Options{
 				Dial:          c.dialLookup,
 				MaxReplyBytes: rpc.MaxMessageSize,
 				Redial:        lookupRedial,
@@ -229,6 +239,14 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 			_ = cc.Close()
 			c.peers.close()
 			return nil, fmt.Errorf("dial: %w: %w", errdefs.ErrUnavailable, err)
+		}
+		// One set of connections for both: a handle makes lookups (a
+		// scheduler's) or transfers (a worker's).
+		if !opts.GRPCLookups {
+			c.lookups = lockStep
+		}
+		if !opts.GRPCTransfers {
+			c.transfers = lockStep
 		}
 	}
 	// From now on the connection is its one transport: a lost one is not
@@ -441,6 +459,17 @@ func (c *Conn) Ping(ctx context.Context) (Capabilities, error) {
 	return caps, nil
 }
 
+// closeLockStep closes the lock-step calls' connections: their calls in
+// flight end at once, as the channel's do.
+func (c *Conn) closeLockStep() {
+	switch {
+	case c.lookups != nil:
+		_ = c.lookups.Close()
+	case c.transfers != nil:
+		_ = c.transfers.Close()
+	}
+}
+
 // Close closes the connection; RPCs still outstanding end at once with
 // ErrClosed and ErrUnavailable, but the server does not notice: it keeps reading or writing the
 // memory those transfers named until its handlers return, so such memory
@@ -450,9 +479,7 @@ func (c *Conn) Ping(ctx context.Context) (Capabilities, error) {
 func (c *Conn) Close() error {
 	c.closeOnce.Do(func() {
 		c.closed.Store(true)
-		if c.lookups != nil {
-			_ = c.lookups.Close()
-		}
+		c.closeLockStep()
 		if err := c.cc.Close(); err != nil {
 			c.closeErr = fmt.Errorf("close: %w", err)
 		}

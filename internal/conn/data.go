@@ -3,12 +3,13 @@ package conn
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"slices"
 	"sync"
 
+	"github.com/umbp-go/umbp-go/internal/h2call"
 	"github.com/umbp-go/umbp-go/internal/rpc"
-
-	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
@@ -51,17 +52,15 @@ type Object struct {
 // the segments it makes itself): keys not empty and UTF-8, segments of a
 // registered region, not empty and within the address space.
 func (c *Conn) BatchPut(ctx context.Context, keys []string, segs []Segment) (ok []bool, errs []error) {
-	return c.batchData(ctx, "BatchPut", keys, segs, c.raw.BatchPut)
+	return c.batchData(ctx, "BatchPut", keys, segs, umbppb.UMBPStandalone_BatchPut_FullMethodName)
 }
 
 // BatchGet loads keys[i] into segs[i], under the same rules as BatchPut.
 func (c *Conn) BatchGet(ctx context.Context, keys []string, segs []Segment) (ok []bool, errs []error) {
-	return c.batchData(ctx, "BatchGet", keys, segs, c.raw.BatchGet)
+	return c.batchData(ctx, "BatchGet", keys, segs, umbppb.UMBPStandalone_BatchGet_FullMethodName)
 }
 
-type batchDataRPC func(context.Context, *umbppb.BatchDataRequest, ...grpc.CallOption) (*umbppb.BatchBoolResponse, error)
-
-func (c *Conn) batchData(ctx context.Context, op string, keys []string, segs []Segment, send batchDataRPC) ([]bool, []error) {
+func (c *Conn) batchData(ctx context.Context, op string, keys []string, segs []Segment, method string) ([]bool, []error) {
 	n := len(keys)
 	if err := c.usable(op); err != nil {
 		return make([]bool, n), failAll(n, err)
@@ -102,8 +101,8 @@ func (c *Conn) batchData(ctx context.Context, op string, keys []string, segs []S
 			req.Sizes[j] = seg.Size
 			req.RegionBases[j] = seg.RegionBase
 		}
-		resp, err := send(ctx, req)
-		if err != nil {
+		resp := new(umbppb.BatchBoolResponse)
+		if err := c.invokeTransfer(ctx, method, req, resp); err != nil {
 			return nil, c.rpcError(ctx, op, err)
 		}
 		return resp.GetOk(), nil
@@ -179,9 +178,9 @@ func (c *Conn) batchRanges(ctx context.Context, op string, objs []Object, put bo
 // in all) as one ranged request.
 func (c *Conn) rangedCall(op string, objs []Object, total int, put bool) func(context.Context, rpc.Span) ([]bool, error) {
 	n := len(objs)
-	send := c.raw.BatchGetRanges
+	method := umbppb.UMBPStandalone_BatchGetRanges_FullMethodName
 	if put {
-		send = c.raw.BatchPutRanges
+		method = umbppb.UMBPStandalone_BatchPutRanges_FullMethodName
 	}
 	return func(ctx context.Context, s rpc.Span) ([]bool, error) {
 		chunk := objs[s.Start:s.End]
@@ -218,13 +217,44 @@ func (c *Conn) rangedCall(op string, objs []Object, total int, put bool) func(co
 				req.ObjectOffsets = append(req.ObjectOffsets, r.ObjectOffset)
 			}
 		}
-		resp, err := send(ctx, req)
-		if err != nil {
+		resp := new(umbppb.BatchBoolResponse)
+		if err := c.invokeTransfer(ctx, method, req, resp); err != nil {
 			return nil, c.rpcError(ctx, op, err)
 		}
 		return resp.GetOk(), nil
 	}
 }
+
+// invokeTransfer sends a transfer's request: lock-step on a transfer
+// connection that is free, else (every one busy, Options.GRPCTransfers, or
+// a lock-step call that could not go out: h2call.ErrNotSent) through the
+// gRPC channel. Either way the request is made once.
+func (c *Conn) invokeTransfer(ctx context.Context, method string, req, resp proto.Message) error {
+	if c.transfers != nil {
+		buf := transferBufs.Get().(*[]byte)
+		b, err := proto.MarshalOptions{}.MarshalAppend((*buf)[:0], req)
+		if err != nil {
+			transferBufs.Put(buf)
+			return err
+		}
+		sent, err := c.transfers.TryInvoke(ctx, method, b, resp)
+		if cap(b) <= maxKeptTransferBuf {
+			*buf = b
+			transferBufs.Put(buf)
+		}
+		if sent && !errors.Is(err, h2call.ErrNotSent) {
+			return err
+		}
+	}
+	return c.cc.Invoke(ctx, method, req, resp)
+}
+
+// transferBufs recycles the encoded requests of lock-step transfers (h2call
+// reads a request only until its call returns); one larger than
+// maxKeptTransferBuf is left to the collector.
+var transferBufs = sync.Pool{New: func() any { return new([]byte) }}
+
+const maxKeptTransferBuf = 1 << 20
 
 // rangedRequests recycles ranged requests, whose arrays are a ranged job's
 // largest allocation (half a MiB for 8192 ranges): nothing holds a request

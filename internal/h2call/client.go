@@ -293,7 +293,10 @@ func (c *Client) invoke(ctx context.Context, method string, req []byte, resp pro
 	defer func() { <-c.slots }()
 	err, retry := c.attempt(ctx, method, req, resp, false)
 	if retry {
-		err, _ = c.attempt(ctx, method, req, resp, true)
+		err, retry = c.attempt(ctx, method, req, resp, true)
+	}
+	if retry {
+		return &notSentError{err} // the second attempt was not processed either
 	}
 	return err
 }
@@ -313,6 +316,8 @@ func (c *Client) attempt(ctx context.Context, method string, req []byte, resp pr
 		err, retry = cc.call(ctx, method, req, resp)
 		trailer = cc.st.trailer
 		c.put(cc)
+	} else {
+		err = &notSentError{err} // no connection: nothing went out
 	}
 	if c.sh != nil {
 		c.sh.HandleRPC(ctx, &stats.End{Client: true, BeginTime: begin, EndTime: time.Now(), Trailer: trailer, Error: err})

@@ -17,6 +17,22 @@ import (
 // for a closing ClientConn.
 var ErrClosed = errors.New("the client is closed")
 
+// ErrNotSent matches the failure of a call none of whose request reached
+// a server that could process it: no connection could be had, or every
+// attempt was refused unprocessed (REFUSED_STREAM, a GOAWAY below its
+// stream) or cut off before its request was all written. Such a call was
+// never made; a caller may make it another way.
+var ErrNotSent = errors.New("the request was not sent")
+
+// notSentError is a failure that matches ErrNotSent, with the status of
+// the failure it wraps.
+type notSentError struct{ err error }
+
+func (e *notSentError) Error() string              { return e.err.Error() }
+func (e *notSentError) Unwrap() error              { return e.err }
+func (e *notSentError) Is(target error) bool       { return target == ErrNotSent }
+func (e *notSentError) GRPCStatus() *status.Status { return status.Convert(e.err) }
+
 // callError is a failure that is not the server's answer: a transport
 // failure, a protocol violation, the context, the client's closing. It is
 // the status a grpc-go client would report for the same event, and it wraps

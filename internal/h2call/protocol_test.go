@@ -16,6 +16,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/umbp-go/umbp-go/internal/backoff"
@@ -885,5 +886,42 @@ func TestIdleGoAway(t *testing.T) {
 	}
 	if calls, _ := rec.snapshot(); len(calls) != 2 {
 		t.Errorf("%d attempts for 2 calls", len(calls))
+	}
+}
+
+// A call that never went out matches ErrNotSent: no connection could be
+// dialled, or the server refused it unprocessed twice. One whose request
+// the server read does not, whatever happened to it after: it may have
+// been processed.
+func TestNotSent(t *testing.T) {
+	refused := errors.New("connection refused")
+	s := newScripted(t, func(o *Options) {
+		o.Dial = func(context.Context) (net.Conn, error) { return nil, refused }
+	})
+	err := wait(t, s.goCall(context.Background(), "k")).err
+	if !errors.Is(err, ErrNotSent) || !errors.Is(err, refused) || status.Code(err) != codes.Unavailable {
+		t.Fatalf("a call with no connection: %v (code %v), want ErrNotSent, the dial's error and Unavailable", err, status.Code(err))
+	}
+
+	s = newScripted(t)
+	ch := s.goCall(context.Background(), "k")
+	for range 2 {
+		sc := s.next(t)
+		sc.handshake()
+		r := sc.readRequest()
+		sc.check(sc.fr.WriteRSTStream(r.id, http2.ErrCodeRefusedStream))
+	}
+	if err := wait(t, ch).err; !errors.Is(err, ErrNotSent) || status.Code(err) != codes.Unavailable {
+		t.Fatalf("a call refused unprocessed twice: %v, want ErrNotSent and Unavailable", err)
+	}
+
+	s = newScripted(t)
+	ch = s.goCall(context.Background(), "k")
+	sc := s.next(t)
+	sc.handshake()
+	sc.readRequest()
+	sc.close() // read, and never answered
+	if err := wait(t, ch).err; err == nil || errors.Is(err, ErrNotSent) {
+		t.Fatalf("a call the server read, then hung up on: %v, want an error that is not ErrNotSent", err)
 	}
 }
