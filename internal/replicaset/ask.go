@@ -232,15 +232,20 @@ func (c *call[T]) take(a answer[T]) (v T, err error, done bool) {
 }
 
 // unanswered marks suspect the replicas the call asked that had not
-// answered when its context ended and, when it ended at its caller's
-// bound (its cause errdefs.ErrNoReply) rather than by the caller's own
-// context, has the store checked through one of them.
+// answered when its context ended, unless they answered a beat sent since
+// the call began (alive, and slow: a store or a host slow for every
+// replica alike makes none of them suspect, and holds no call off); and,
+// when it ended at its caller's bound (its cause errdefs.ErrNoReply)
+// rather than by the caller's own context, has the store checked through
+// one of them.
 func (c *call[T]) unanswered() {
 	now := time.Now().UnixNano()
 	timedOut := errors.Is(context.Cause(c.ctx), errdefs.ErrNoReply)
 	for i, r := range c.s.replicas {
 		if c.tried[i] && !c.answered[i] {
-			r.suspect.Store(now)
+			if !r.aliveSince(c.began) {
+				r.suspect.Store(now)
+			}
 			if timedOut {
 				c.s.store.suspect(r)
 			}

@@ -27,6 +27,7 @@ type beats struct {
 	// flagged: its beat in flight was found silent already.
 	flagged atomic.Bool
 	n       atomic.Uint64 // beats sent
+	rtt     atomic.Int64  // answered beats' time, a moving average (ns)
 
 	// Calls whose first attempt waits on it with a hedge armed.
 	mu      sync.Mutex
@@ -117,7 +118,7 @@ func (s *Set) beatRound(ctx context.Context) {
 			continue
 		}
 		if sent := r.beats.sent.Load(); sent != 0 {
-			if now-sent > int64(beatSilence) && r.answeredAt.Load() < sent && s.othersAliveSince(r, sent) && !r.beats.flagged.Swap(true) {
+			if now-sent > s.silence(r) && r.answeredAt.Load() < sent && s.othersAliveSince(r, sent) && !r.beats.flagged.Swap(true) {
 				s.gone(r, time.Duration(now-sent))
 			}
 			continue
@@ -132,10 +133,35 @@ func (s *Set) beatRound(ctx context.Context) {
 			if err == nil || isStoreFault(err) {
 				r.beats.ackedSent.Store(now)
 				r.alive()
+				observe(&r.beats.rtt, time.Duration(time.Now().UnixNano()-now))
 			}
 			r.beats.sent.Store(0)
 		})
 	}
+}
+
+// silence is how long r's beat may go unanswered before r is gone:
+// beatSilence, or beatSilenceFactor times what the other replicas' beats
+// take when that is longer (a host so busy that every process answers
+// late tells no stopped one apart from the rest sooner).
+func (s *Set) silence(r *replica) int64 {
+	d := int64(beatSilence)
+	for _, o := range s.replicas {
+		if o != r {
+			d = max(d, beatSilenceFactor*o.beats.rtt.Load())
+		}
+	}
+	return d
+}
+
+// observe folds d into the moving average at l (weight 1/8).
+func observe(l *atomic.Int64, d time.Duration) {
+	cur := l.Load()
+	if cur == 0 {
+		l.Store(int64(d))
+		return
+	}
+	l.Store(cur + (int64(d)-cur)/8)
 }
 
 // othersAliveSince reports whether a replica other than r answered a beat

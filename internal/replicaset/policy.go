@@ -13,7 +13,9 @@ import (
 // attempt may take ConnectTimeout (gRPC's own default): a replica that
 // accepts TCP but does not speak is given up on after it, and the call
 // waiting for it ends at its own bound first.
-var Redial = backoff.Policy{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond, Factor: 1.6, Jitter: 0.2}
+var Redial = backoff.Policy{Base: 50 * time.Millisecond, Max: redialMax, Factor: 1.6, Jitter: 0.2}
+
+const redialMax = 250 * time.Millisecond
 
 const ConnectTimeout = 20 * time.Second
 
@@ -43,13 +45,16 @@ const (
 
 // Liveness (liveness.go): while calls are in flight every usable replica
 // is sent a beat every beatEvery, each given up after beatTimeout; one
-// silent for beatSilence while another answered a later beat is gone.
+// silent for beatSilence (or beatSilenceFactor times what the others'
+// beats take, when that is longer: a host where every process answers
+// late) while another answered a later beat is gone.
 // So a stopped replica is set aside within about beatEvery + beatSilence,
 // at 1/beatEvery beats a second to each replica while calls are in flight.
 const (
-	beatEvery   = 20 * time.Millisecond
-	beatSilence = 50 * time.Millisecond
-	beatTimeout = time.Second
+	beatEvery         = 20 * time.Millisecond
+	beatSilence       = 50 * time.Millisecond
+	beatSilenceFactor = 8
+	beatTimeout       = time.Second
 )
 
 // A kind of call whose answers take longer than the hedge delay is hedged

@@ -106,7 +106,7 @@ func TestHedgeDelayPerKind(t *testing.T) {
 func TestUnansweredChecksTheStoreOnTimeoutOnly(t *testing.T) {
 	rs := []*replica{{idx: 0}, {idx: 1}}
 	s := &Set{replicas: rs, store: newStoreWatch(rs, "m", time.Second, nil)}
-	c := &call[bool]{s: s, tried: []bool{true, true}, answered: []bool{true, false}}
+	c := &call[bool]{s: s, tried: []bool{true, true}, answered: []bool{true, false}, began: time.Now().UnixNano()}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -134,5 +134,23 @@ func TestUnansweredChecksTheStoreOnTimeoutOnly(t *testing.T) {
 		}
 	default:
 		t.Fatal("no check of the store after a call that ran out its bound")
+	}
+}
+
+// A replica that answered a beat sent since the call began is alive: a
+// call left unanswered on it (a slow store, a busy host) makes it no
+// suspect.
+func TestUnansweredAliveReplicaIsNotSuspect(t *testing.T) {
+	rs := []*replica{{idx: 0}, {idx: 1}}
+	s := &Set{replicas: rs, store: newStoreWatch(rs, "m", time.Second, nil)}
+	began := time.Now().UnixNano()
+	rs[0].beats.ackedSent.Store(began + 1)
+	c := &call[bool]{s: s, tried: []bool{true, true}, answered: []bool{false, false}, began: began}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	c.ctx = ctx
+	c.unanswered()
+	if rs[0].suspect.Load() != 0 || rs[1].suspect.Load() == 0 {
+		t.Fatalf("suspect: %d, %d; want only the replica that answered no beat since the call began", rs[0].suspect.Load(), rs[1].suspect.Load())
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -52,8 +53,11 @@ type storeWatch struct {
 	// what reads the store.
 	check chan *replica
 	// out: a replica said its store is unavailable, and no check of the
-	// store has answered since; calls answer at once.
+	// store has answered since; calls answer at once. gen counts the
+	// times it came back.
 	out atomic.Bool
+	gen atomic.Uint64
+	wg  sync.WaitGroup // the checks in flight
 }
 
 func newStoreWatch(replicas []*replica, masters string, timeout time.Duration, log *slog.Logger) *storeWatch {
@@ -70,47 +74,84 @@ func (w *storeWatch) suspect(r *replica) {
 }
 
 // run asks each replica it is given (suspect) a lookup of one key,
-// bounded by timeout, one at a time, and says (down) when the replica
-// answers that its store is unavailable. A store stalled under MORI's
-// replicas answers so only after its own timeout (1 s), often after the
-// caller stopped waiting and ended the call; the probe that follows, a
-// lookup of no key, never reads the store, and answers.
+// bounded by timeout, and says (down) when the replica answers that its
+// store is unavailable. A store stalled under MORI's replicas answers so
+// only after its own timeout (1 s), often after the caller stopped
+// waiting and ended the call; the probe that follows, a lookup of no key,
+// never reads the store, and answers.
 //
-// While the store is out, it checks again storeCheckEvery after each
-// check, through the replicas in turn, until one is answered otherwise.
+// While the store is out, it checks again every storeCheckEvery through
+// a replica that has no check in flight (so each replica holds at most
+// one of its store connections for them, and a store that comes back is
+// heard within about a check's time, not after one stuck in the outage
+// has timed out), until one is answered otherwise.
 func (w *storeWatch) run(ctx context.Context) {
-	var r *replica
-	for next := 0; ; next++ {
-		if r == nil {
-			select {
-			case <-ctx.Done():
-				return
-			case r = <-w.check:
-			}
-		}
-		cctx, cancel := context.WithTimeout(ctx, w.timeout)
-		_, err := r.c.BatchLookup(cctx, []string{storeCheckKey})
-		cancel()
-		r = nil
-		if !isStoreFault(err) {
-			if w.out.CompareAndSwap(true, false) {
-				w.log.Debug("UMBP master's metadata store answers again", "masters", w.masters)
-			}
-			continue
-		}
-		w.down(err)
-		select {
-		case <-w.check: // this loop watches already
-		default:
-		}
-		t := time.NewTimer(storeCheckEvery)
+	defer w.wg.Wait()
+	for {
 		select {
 		case <-ctx.Done():
-			t.Stop()
 			return
-		case <-t.C:
+		case r := <-w.check:
+			if w.checkOnce(ctx, r, w.gen.Load()) {
+				w.watchOut(ctx)
+			}
 		}
-		r = w.replicas[next%len(w.replicas)]
+	}
+}
+
+// checkOnce asks r whether the store answers, as of generation gen (the
+// store's returns counted): it reports whether r said it is unavailable.
+// A check that began before the store last came back says nothing of it
+// now.
+func (w *storeWatch) checkOnce(ctx context.Context, r *replica, gen uint64) bool {
+	cctx, cancel := context.WithTimeout(ctx, w.timeout)
+	_, err := r.c.BatchLookup(cctx, []string{storeCheckKey})
+	cancel()
+	if !isStoreFault(err) {
+		if w.out.CompareAndSwap(true, false) {
+			w.gen.Add(1)
+			w.log.Debug("UMBP master's metadata store answers again", "masters", w.masters)
+		}
+		return false
+	}
+	if w.gen.Load() != gen {
+		return false
+	}
+	w.down(err)
+	return true
+}
+
+// watchOut checks the store through the replicas while it is out.
+func (w *storeWatch) watchOut(ctx context.Context) {
+	n := len(w.replicas)
+	done := make(chan int, n)
+	busy := make([]bool, n)
+	tick := time.NewTicker(storeCheckEvery)
+	defer tick.Stop()
+	for next := 0; w.out.Load(); {
+		select {
+		case <-ctx.Done():
+			return
+		case i := <-done:
+			busy[i] = false
+			continue
+		case <-w.check: // watched already
+			continue
+		case <-tick.C:
+		}
+		for k := range n {
+			i := (next + k) % n
+			if busy[i] {
+				continue
+			}
+			busy[i], next = true, i+1
+			gen := w.gen.Load()
+			w.wg.Go(func() {
+				w.checkOnce(ctx, w.replicas[i], gen)
+				done <- i
+			})
+			break
+		}
 	}
 }
 
