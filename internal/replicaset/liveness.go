@@ -154,16 +154,6 @@ func (s *Set) silence(r *replica) int64 {
 	return d
 }
 
-// observe folds d into the moving average at l (weight 1/8).
-func observe(l *atomic.Int64, d time.Duration) {
-	cur := l.Load()
-	if cur == 0 {
-		l.Store(int64(d))
-		return
-	}
-	l.Store(cur + (int64(d)-cur)/8)
-}
-
 // othersAliveSince reports whether a replica other than r answered a beat
 // sent at t or later.
 func (s *Set) othersAliveSince(r *replica, t int64) bool {

@@ -50,13 +50,16 @@ func (r *replica) alive() {
 }
 
 // observe folds one answer's time into r's moving average.
-func (r *replica) observe(d time.Duration) {
-	old := r.latency.Load()
-	if old == 0 {
-		r.latency.Store(int64(d))
+func (r *replica) observe(d time.Duration) { observe(&r.latency, d) }
+
+// observe folds d into the moving average at l (weight 1/8).
+func observe(l *atomic.Int64, d time.Duration) {
+	cur := l.Load()
+	if cur == 0 {
+		l.Store(int64(d))
 		return
 	}
-	r.latency.Store(old + (int64(d)-old)/8)
+	l.Store(cur + (int64(d)-cur)/8)
 }
 
 // pickReplica returns the usable replica not tried yet with the fewest
