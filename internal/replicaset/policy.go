@@ -53,7 +53,7 @@ const (
 const (
 	beatEvery         = 20 * time.Millisecond
 	beatSilence       = 50 * time.Millisecond
-	beatSilenceFactor = 8
+	beatSilenceFactor = 4
 	beatTimeout       = time.Second
 )
 
