@@ -197,10 +197,10 @@ func (c *call[T]) take(a answer[T]) (v T, err error, done bool) {
 	if a.err == nil {
 		c.s.answered(a.r, c.kind, a.taken)
 		for i, r := range c.s.replicas {
-			if c.tried[i] && !c.answered[i] && !r.aliveSince(c.began) && r.overtaken.Add(1) >= overtakenLimit {
+			if c.tried[i] && !c.answered[i] && r.answeredAt.Load() < c.began && r.overtaken.Add(1) >= overtakenLimit {
 				// Still asking, call after call, when another answered,
-				// and no beat answered meanwhile: stalled. Its attempt is
-				// cancelled.
+				// and it answered nothing (no call, no beat) meanwhile:
+				// stalled. Its attempt is cancelled.
 				c.s.setAside(r, "overtaken by "+a.r.addr)
 			}
 		}

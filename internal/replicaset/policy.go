@@ -29,8 +29,8 @@ const ConnectTimeout = 20 * time.Second
 // has answered; those still silent are set aside and probed back, and so
 // are those a probe of every replica (ProbeAll) finds silent attachGrace
 // after another answered. A replica another answered before
-// overtakenLimit calls in a row, answering no beat meanwhile, is set aside
-// too. A replica a call's
+// overtakenLimit calls in a row, answering nothing (no call, no beat)
+// while each waited, is set aside too. A replica a call's
 // context ended on unanswered is suspect: asked only when no other is
 // usable, until it answers or suspectFor passes.
 const (
