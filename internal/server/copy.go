@@ -44,6 +44,17 @@ const (
 	copyChunk       = 1 << 20
 )
 
+// Copies of at least coldCopyMin bytes (their pieces included) are made
+// with non-temporal stores (copyCold), which write whole cache lines to
+// memory without first reading them into the cache: on a 2-core AMD EPYC
+// host two goroutines moved 256 MiB between memfd memory and the pool at
+// 1.6–1.75 times the rate of cached stores, in pieces of 64 KiB to 1 MiB.
+// The runtime's copy makes such stores only in calls of 1 MiB or more, and
+// on Intel CPUs with fast string moves uses REP MOVS for an aligned
+// destination instead, so the server does not leave the choice to it.
+// Smaller copies (ranges of a few KiB) stay with copy.
+const coldCopyMin = 64 << 10
+
 // toPool queues the copy of n bytes at l into o at objOff for item.
 func (b *copyBatch) toPool(item int, l loc, o *object, objOff, n uint64) {
 	r := l.r
@@ -215,7 +226,11 @@ func (b *copyBatch) copyFrom(u copyUnit, i *int) (err error) {
 		if *i == u.last {
 			hi = u.hi
 		}
-		copy(c.dst[lo:hi], c.src[lo:hi])
+		if len(c.src) >= coldCopyMin {
+			copyCold(c.dst[lo:hi], c.src[lo:hi])
+		} else {
+			copy(c.dst[lo:hi], c.src[lo:hi])
+		}
 	}
 	return nil
 }
