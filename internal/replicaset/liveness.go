@@ -118,8 +118,12 @@ func (s *Set) beatRound(ctx context.Context) {
 			continue
 		}
 		if sent := r.beats.sent.Load(); sent != 0 {
-			if now-sent > s.silence(r) && r.answeredAt.Load() < sent && s.othersAliveSince(r, sent) && !r.beats.flagged.Swap(true) {
-				s.gone(r, time.Duration(now-sent))
+			if now-sent > s.silence(r) && r.answeredAt.Load() < sent && s.othersAliveSince(r, sent) {
+				if r.beats.flagged.Swap(true) {
+					r.suspect.Store(now) // still silent: suspect while it lasts
+				} else {
+					s.gone(r, time.Duration(now-sent))
+				}
 			}
 			continue
 		}
@@ -166,11 +170,22 @@ func (s *Set) othersAliveSince(r *replica, t int64) bool {
 }
 
 // gone acts on a replica found silent for d while another answered: it is
-// suspect and set aside (unless it is the last usable), and every call
-// waiting on it is hedged now.
+// suspect, and every call waiting on it is hedged now. It is set aside
+// too while two others at least stay usable: with one, a replica that
+// carries a stopped one's load and waits on its store (silent, alive) is
+// kept, asked only when the other is busier, until it answers or
+// suspectFor passes.
 func (s *Set) gone(r *replica, d time.Duration) {
 	r.suspect.Store(time.Now().UnixNano())
-	s.setAside(r, fmt.Sprintf("silent to a beat for %v while another replica answered", d.Round(time.Millisecond)))
+	others := 0
+	for _, o := range s.replicas {
+		if o != r && o.usable() {
+			others++
+		}
+	}
+	if others >= 2 {
+		s.setAside(r, fmt.Sprintf("silent to a beat for %v while another replica answered", d.Round(time.Millisecond)))
+	}
 	r.beats.mu.Lock()
 	for a := range r.beats.waiting {
 		a.fire()

@@ -61,11 +61,13 @@ const (
 // after hedgeLatencyFactor times its moving average instead.
 const hedgeLatencyFactor = 3
 
-// storeCheckEvery paces the checks of a store said to be out: one at a
-// time, each answered at once by a store that is down (or back), or after
-// the store's own timeout by one that is stalled. storeWarnEvery is how
+// storeCheckEvery paces the checks of a store said to be out, at most
+// storeChecksEach in flight on a replica; each is answered at once by a
+// store that is down (or back), or after the replica's own store timeout
+// by one that is stalled. storeWarnEvery is how
 // often its outage is said again while it lasts.
 const (
 	storeCheckEvery = 50 * time.Millisecond
+	storeChecksEach = 2
 	storeWarnEvery  = 30 * time.Second
 )

@@ -81,10 +81,13 @@ func (w *storeWatch) suspect(r *replica) {
 // never reads the store, and answers.
 //
 // While the store is out, it checks again every storeCheckEvery through
-// a replica that has no check in flight (so each replica holds at most
-// one of its store connections for them, and a store that comes back is
-// heard within about a check's time, not after one stuck in the outage
-// has timed out), until one is answered otherwise.
+// the next replica with fewer than storeChecksEach checks in flight, until
+// one is answered otherwise. A check sent to a stopped store waits out
+// the replica's own store timeout, and one sent shortly before the store
+// resumes is answered when it does: with checks staggered so, a store
+// that comes back is heard within about the timeout divided by the checks
+// in flight, and each replica holds at most storeChecksEach of its store
+// connections for them.
 func (w *storeWatch) run(ctx context.Context) {
 	defer w.wg.Wait()
 	for {
@@ -124,8 +127,8 @@ func (w *storeWatch) checkOnce(ctx context.Context, r *replica, gen uint64) bool
 // watchOut checks the store through the replicas while it is out.
 func (w *storeWatch) watchOut(ctx context.Context) {
 	n := len(w.replicas)
-	done := make(chan int, n)
-	busy := make([]bool, n)
+	done := make(chan int, n*storeChecksEach)
+	busy := make([]int, n)
 	tick := time.NewTicker(storeCheckEvery)
 	defer tick.Stop()
 	for next := 0; w.out.Load(); {
@@ -133,7 +136,7 @@ func (w *storeWatch) watchOut(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case i := <-done:
-			busy[i] = false
+			busy[i]--
 			continue
 		case <-w.check: // watched already
 			continue
@@ -141,10 +144,11 @@ func (w *storeWatch) watchOut(ctx context.Context) {
 		}
 		for k := range n {
 			i := (next + k) % n
-			if busy[i] {
+			if busy[i] >= storeChecksEach {
 				continue
 			}
-			busy[i], next = true, i+1
+			busy[i]++
+			next = i + 1
 			gen := w.gen.Load()
 			w.wg.Go(func() {
 				w.checkOnce(ctx, w.replicas[i], gen)
