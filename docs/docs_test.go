@@ -122,6 +122,7 @@ var figures = []struct{ doc, text string }{
 	{"docs/CLUSTER.md", "A replica whose beat has gone {internal/replicaset.beatSilence/ms} ms unanswered (or {internal/replicaset.beatSilenceFactor/word} times what the others' beats take, on a host that answers them all late) while another answered a later one"},
 	{"docs/CLUSTER.md", "is overtaken {internal/replicaset.overtakenLimit/word} calls in a row while answering nothing else, or is still silent {internal/replicaset.attachGrace/ms} ms after another answered a probe is set aside and probed every {internal/replicaset.probeInterval/ms} ms until it answers"},
 	{"README.md", "every replica is sent a beat every {internal/replicaset.beatEvery/ms} ms"},
+	{"docs/CLUSTER.md", "While the store is out a check goes every {internal/replicaset.storeCheckEvery/ms} ms to the next replica with fewer than {internal/replicaset.storeChecksEach/word} in flight"},
 	{"docs/CLUSTER.md", "gRPC redials a master at the handle's pace (at most {internal/replicaset.redialMax/ms} ms between"},
 	{"docs/DEPLOYMENT.md", "| `-capacity` | `{flag:umbp-standalone-server -capacity}` |"},
 	{"docs/DEPLOYMENT.md", "| `-prefault` | `{flag:umbp-standalone-server -prefault}` |"},
