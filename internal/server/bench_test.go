@@ -79,3 +79,53 @@ func BenchmarkBatchPutRanges(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkCopyHost measures the copier alone between a memfd (a client
+// region) and a prefaulted pool, both ways, with the non-temporal copy
+// (cold) and with copy: a request of 256 × 64 KiB and one of 64 × 4 MiB.
+func BenchmarkCopyHost(b *testing.B) {
+	const total = 256 << 20
+	m := newMemfd(b, total)
+	fill(m.mem, 1)
+	p, err := newPool(total, true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = p.close() })
+	for _, size := range []int{64 << 10, 4 << 20} {
+		for _, dir := range []string{"put", "get"} {
+			for _, cold := range []bool{true, false} {
+				name := fmt.Sprintf("%s/%dKiB/copy", dir, size>>10)
+				if cold {
+					name = fmt.Sprintf("%s/%dKiB/cold", dir, size>>10)
+				}
+				b.Run(name, func(b *testing.B) {
+					if cold && !haveNTCopy {
+						b.Skip("no non-temporal copy on this CPU")
+					}
+					defer func(was bool) { haveNTCopy = was }(haveNTCopy)
+					haveNTCopy = cold
+					n := total / size
+					if size == 64<<10 {
+						n = 256
+					}
+					b.SetBytes(int64(n * size))
+					for b.Loop() {
+						c := copyBatch{}
+						for i := range n {
+							mem, pool := m.mem[i*size:(i+1)*size], p.arena[i*size:(i+1)*size]
+							if dir == "put" {
+								c.queueHost(i, pool, mem)
+							} else {
+								c.queueHost(i, mem, pool)
+							}
+						}
+						if errs := c.copyHost(); errs != nil {
+							b.Fatal(errs)
+						}
+					}
+				})
+			}
+		}
+	}
+}

@@ -3,7 +3,7 @@
 package server
 
 // haveNTCopy: no non-temporal copy on this architecture.
-const haveNTCopy = false
+var haveNTCopy = false
 
 // copyCold copies src to dst as copy does.
 func copyCold(dst, src []byte) { copy(dst, src) }
