@@ -17,8 +17,9 @@ var haveNTCopy = cpu.X86.HasAVX2
 //go:noescape
 func ntCopy(dst, src *byte, n uintptr)
 
-// copyCold copies src to dst (of the same length, not overlapping) with
-// stores that bypass the cache where the CPU has them, else as copy does.
+// copyCold copies src to dst, of the same length, with stores that bypass
+// the cache where the CPU has them; short or overlapping regions (which the
+// server never copies between) go as copy copies them.
 func copyCold(dst, src []byte) {
 	n := min(len(dst), len(src))
 	if !haveNTCopy || n < 2*ntBlock || overlap(dst[:n], src[:n]) {
