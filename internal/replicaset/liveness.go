@@ -10,9 +10,10 @@ import (
 
 // Liveness: while calls are in flight, every usable replica is sent a
 // beat (a lookup of no key, which never reads the store) every beatEvery.
-// A replica whose beat has gone unanswered for beatSilence, while another
-// answered a beat sent no earlier, and which has answered nothing since
-// its beat went out, is gone: suspect and set aside at once, and the calls
+// A replica whose beat is out and that has answered nothing for
+// beatSilence (since the beat went out, or since its last answer when that
+// came later), while another answered a beat sent no earlier, is gone:
+// suspect and set aside at once, and the calls
 // waiting on it are hedged at once, whatever their own hedge delay and the
 // hedge budget. So a stopped replica is known within about beatEvery +
 // beatSilence however slow the calls are, and a slow store (slow on every
@@ -118,7 +119,11 @@ func (s *Set) beatRound(ctx context.Context) {
 			continue
 		}
 		if sent := r.beats.sent.Load(); sent != 0 {
-			if now-sent > s.silence(r) && r.answeredAt.Load() < sent && s.othersAliveSince(r, sent) {
+			// Silent since its beat went out, or since its last answer
+			// when that came later (a replica that answered a call and
+			// then stopped is as silent, its beat still out).
+			last := max(sent, r.answeredAt.Load())
+			if now-last > s.silence(r) && s.othersAliveSince(r, last) {
 				if r.beats.flagged.Swap(true) {
 					r.suspect.Store(now) // still silent: suspect while it lasts
 				} else {
