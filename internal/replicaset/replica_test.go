@@ -2,6 +2,7 @@ package replicaset
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -152,5 +153,38 @@ func TestUnansweredAliveReplicaIsNotSuspect(t *testing.T) {
 	c.unanswered()
 	if rs[0].suspect.Load() != 0 || rs[1].suspect.Load() == 0 {
 		t.Fatalf("suspect: %d, %d; want only the replica that answered no beat since the call began", rs[0].suspect.Load(), rs[1].suspect.Load())
+	}
+}
+
+// A replica whose beat is out and that answered a call after it, then
+// nothing for longer than the silence, while another answers its beats,
+// is gone at the next round: its waiting calls are hedged.
+func TestBeatSilentAfterLastAnswer(t *testing.T) {
+	rs := []*replica{{idx: 0}, {idx: 1}}
+	for _, r := range rs {
+		r.up.Store(true)
+	}
+	s := &Set{replicas: rs, store: newStoreWatch(rs, "m", time.Second, nil), log: slog.New(slog.DiscardHandler), kick: make(chan struct{}, 1)}
+	now := time.Now()
+	rs[0].beats.sent.Store(now.Add(-300 * time.Millisecond).UnixNano())
+	rs[0].answeredAt.Store(now.Add(-200 * time.Millisecond).UnixNano()) // a call answered after the beat went out
+	rs[1].beats.sent.Store(now.UnixNano())                              // its next beat is out: nothing is sent
+	rs[1].beats.ackedSent.Store(now.Add(-10 * time.Millisecond).UnixNano())
+	var arm hedgeArm
+	fired := make(chan struct{})
+	arm.t = time.AfterFunc(time.Hour, func() { close(fired) })
+	defer arm.t.Stop()
+	rs[0].arm(&arm)
+	s.beatRound(context.Background())
+	if rs[0].suspect.Load() == 0 {
+		t.Fatal("a replica silent 200 ms since its last answer, its beat out, is not suspect")
+	}
+	select {
+	case <-fired:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call waiting on it was not hedged")
+	}
+	if rs[1].suspect.Load() != 0 {
+		t.Fatal("the replica that answers its beats is suspect")
 	}
 }
