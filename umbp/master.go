@@ -37,8 +37,6 @@ func newMasterBackend(ctx context.Context, cfg ClusterConfig) (*masterBackend, e
 			MaxReplyBytes:  cfg.MaxReplyBytes,
 			MaxNodes:       cfg.MaxNodes,
 			StatsHandler:   cfg.StatsHandler,
-			Redial:         replicaset.Redial,
-			ConnectTimeout: replicaset.ConnectTimeout,
 			GRPCLookups:    cfg.GRPCLookups,
 		},
 		StoreTimeout: cfg.Timeout,

@@ -326,11 +326,8 @@ func (s *Set) hedgeAfter(kind Kind) time.Duration {
 // counts as four times the average, so that one does not turn hedging off.
 func (s *Set) observe(kind Kind, d time.Duration) {
 	l := &s.lat[kind]
-	cur := l.Load()
-	if cur == 0 {
-		l.Store(int64(d))
-		return
+	if cur := l.Load(); cur > 0 {
+		d = min(d, 4*time.Duration(cur))
 	}
-	v := min(int64(d), 4*cur)
-	l.Store(cur + (v-cur)/8)
+	observe(l, d)
 }

@@ -1,6 +1,7 @@
 package replicaset_test
 
 import (
+	"context"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -40,6 +41,35 @@ func callers(s *replicaset.Set, n, limit int, bound time.Duration, stop <-chan s
 	return errs, slowest
 }
 
+// callsReach waits until every replica of m has had n more BatchLookup
+// calls than when it was called.
+func callsReach(t *testing.T, m *umbptest.ReplicatedMaster, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := range m.Len() {
+		r := m.Replica(i)
+		if err := r.WaitCalls(ctx, "BatchLookup", r.Calls("BatchLookup")+n); err != nil {
+			t.Fatalf("replica %d: %v", i, err)
+		}
+	}
+}
+
+// waitAside waits, on the set's Changed events, until replica i is set
+// aside, at most within; it reports whether it was.
+func waitAside(s *replicaset.Set, changed <-chan bool, i int, within time.Duration) bool {
+	timer := time.NewTimer(within)
+	defer timer.Stop()
+	for !s.Stats()[i].Aside {
+		select {
+		case <-changed:
+		case <-timer.C:
+			return false
+		}
+	}
+	return true
+}
+
 func sumHedges(s *replicaset.Set) (calls, hedges uint64) {
 	for _, st := range s.Stats() {
 		calls += st.Calls
@@ -65,7 +95,7 @@ func busiest(s *replicaset.Set) int {
 // budget, and none waits out its bound.
 func TestGoneReplicaIsHedgedAtOnce(t *testing.T) {
 	m := umbptest.NewReplicatedMaster(t, 3, umbptest.MasterOptions{})
-	s, _ := open(t, m, time.Hour)
+	s, changed := open(t, m, time.Hour)
 	m.SlowStore(func() time.Duration { return 20 * time.Millisecond }) // calls in flight when it stops
 	if errs, _ := callers(s, 4, 5, 10*time.Second, nil); len(errs) > 0 {
 		t.Fatal(errs[0])
@@ -79,13 +109,10 @@ func TestGoneReplicaIsHedgedAtOnce(t *testing.T) {
 		defer close(done)
 		errs, slowest = callers(s, 8, 1000, 10*time.Second, stop)
 	}()
-	time.Sleep(50 * time.Millisecond) // calls in flight on every replica; nothing waits on this
+	callsReach(t, m, 1) // calls in flight on every replica
 	m.Replica(stopped).Suspend()
 	defer m.Replica(stopped).Resume()
-	deadline := time.Now().Add(10 * time.Second)
-	for !s.Stats()[stopped].Aside && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond) // polling Stats: the set says nothing else
-	}
+	waitAside(s, changed, stopped, 10*time.Second) // the checks below say whether it was
 	close(stop)
 	<-done
 	if len(errs) > 0 {
@@ -105,7 +132,7 @@ func TestGoneReplicaIsHedgedAtOnce(t *testing.T) {
 // only by its calls would be set aside after that at the earliest.
 func TestStoppedReplicaSetAsideWhileCallsAreSlow(t *testing.T) {
 	m := umbptest.NewReplicatedMaster(t, 3, umbptest.MasterOptions{})
-	s, _ := open(t, m, 20*time.Millisecond)
+	s, changed := open(t, m, 20*time.Millisecond)
 	m.SlowStore(func() time.Duration { return 200 * time.Millisecond })
 	if errs, _ := callers(s, 4, 3, 10*time.Second, nil); len(errs) > 0 {
 		t.Fatal(errs[0])
@@ -118,15 +145,12 @@ func TestStoppedReplicaSetAsideWhileCallsAreSlow(t *testing.T) {
 		_, _ = callers(s, 6, 1000, 10*time.Second, stop)
 	}()
 	defer func() { close(stop); <-done }()
-	time.Sleep(100 * time.Millisecond) // calls in flight; nothing waits on this
+	callsReach(t, m, 1) // calls in flight on every replica
 	m.Replica(stopped).Suspend()
 	defer m.Replica(stopped).Resume()
 	began := time.Now()
-	for !s.Stats()[stopped].Aside {
-		if d := time.Since(began); d > 450*time.Millisecond {
-			t.Fatalf("the stopped replica not set aside %v after it stopped, with calls of 200 ms: %+v", d, s.Stats())
-		}
-		time.Sleep(time.Millisecond)
+	if !waitAside(s, changed, stopped, 450*time.Millisecond) {
+		t.Fatalf("the stopped replica not set aside %v after it stopped, with calls of 200 ms: %+v", time.Since(began), s.Stats())
 	}
 	t.Logf("set aside %v after it stopped", time.Since(began))
 }

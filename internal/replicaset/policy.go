@@ -8,16 +8,16 @@ import (
 
 // The set's policy: every pacing, hedging and health figure, in one place.
 
-// Each replica's channel is redialled by gRPC, paced by Redial: a replica
+// Each replica's channel is redialled by gRPC, paced by redial: a replica
 // that came back is used again within about its Max. One connection
-// attempt may take ConnectTimeout (gRPC's own default): a replica that
+// attempt may take connectTimeout (gRPC's own default): a replica that
 // accepts TCP but does not speak is given up on after it, and the call
 // waiting for it ends at its own bound first.
-var Redial = backoff.Policy{Base: 50 * time.Millisecond, Max: redialMax, Factor: 1.6, Jitter: 0.2}
+var redial = backoff.Policy{Base: 50 * time.Millisecond, Max: redialMax, Factor: 1.6, Jitter: 0.2}
 
 const redialMax = 250 * time.Millisecond
 
-const ConnectTimeout = 20 * time.Second
+const connectTimeout = 20 * time.Second
 
 // A set-aside replica is probed every probeInterval, each probe bounded
 // by probeTimeout, so one that answers again is used within about their

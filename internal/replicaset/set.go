@@ -42,7 +42,8 @@ var ErrNoReplica = fmt.Errorf("%w: no master replica is usable", errdefs.ErrUnav
 type Options struct {
 	// Addresses are the replicas', one at least.
 	Addresses []string
-	// Conn configures each replica's channel; its Address is each one's.
+	// Conn configures each replica's channel; its Address is each one's,
+	// and its Redial and ConnectTimeout the set's (policy.go).
 	Conn masterconn.Options
 	// AttemptTimeout, when positive, bounds each attempt on its own (the
 	// caller's bound ends every attempt anyway); zero: none, and the RPC
@@ -95,7 +96,7 @@ func Open(ctx context.Context, opts Options) (*Set, error) {
 	s.budget.tokens = hedgeBurst
 	for i, addr := range opts.Addresses {
 		co := opts.Conn
-		co.Address = addr
+		co.Address, co.Redial, co.ConnectTimeout = addr, redial, connectTimeout
 		c, err := masterconn.New(co)
 		if err != nil {
 			s.closeChannels()

@@ -26,7 +26,6 @@ func open(t *testing.T, m *umbptest.ReplicatedMaster, hedge time.Duration) (s *r
 	defer cancel()
 	s, err := replicaset.Open(ctx, replicaset.Options{
 		Addresses:    m.Addrs(),
-		Conn:         masterconn.Options{Redial: replicaset.Redial},
 		StoreTimeout: 5 * time.Second,
 		HedgeDelay:   hedge,
 		Changed: func(usable bool) {
@@ -107,7 +106,7 @@ func TestStoppedReplicaIsHedgedAndSetAside(t *testing.T) {
 // killed one is set aside, and once it is back the probes use it again.
 func TestKilledReplicaFailsOverAndComesBack(t *testing.T) {
 	m := umbptest.NewReplicatedMaster(t, 2, umbptest.MasterOptions{})
-	s, _ := open(t, m, -1) // no hedges: only the failover answers
+	s, changed := open(t, m, -1) // no hedges: only the failover answers
 	if _, err := lookup(s, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -129,10 +128,11 @@ func TestKilledReplicaFailsOverAndComesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	for !s.Stats()[killed].Usable {
-		if time.Now().After(deadline) {
+		select {
+		case <-changed: // its channel up, or a probe answered
+		case <-time.After(time.Until(deadline)):
 			t.Fatalf("the restarted replica not used again: %+v", s.Stats())
 		}
-		time.Sleep(10 * time.Millisecond) // the prober's own pace; nothing to wait on here
 	}
 }
 
@@ -178,7 +178,7 @@ func TestStoreOutageIsOneFault(t *testing.T) {
 // one aside.
 func TestUnansweredCallAndProbeAll(t *testing.T) {
 	m := umbptest.NewReplicatedMaster(t, 2, umbptest.MasterOptions{})
-	s, _ := open(t, m, -1)
+	s, changed := open(t, m, -1)
 	if _, err := lookup(s, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -201,12 +201,8 @@ func TestUnansweredCallAndProbeAll(t *testing.T) {
 	if !s.AnsweredWithin(time.Minute) {
 		t.Fatal("AnsweredWithin: the other replica answered the probe, and is not suspect")
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !s.Stats()[stopped].Aside {
-		if time.Now().After(deadline) {
-			t.Fatalf("the silent replica not set aside after ProbeAll: %+v", s.Stats())
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !waitAside(s, changed, stopped, 10*time.Second) {
+		t.Fatalf("the silent replica not set aside after ProbeAll: %+v", s.Stats())
 	}
 	if _, err := lookup(s, 5*time.Second); err != nil {
 		t.Fatalf("the next call, with the stopped replica set aside: %v", err)
