@@ -21,20 +21,23 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // changed receives what Options.Changed is told.
 func open(t *testing.T, m *umbptest.ReplicatedMaster, hedge time.Duration) (s *replicaset.Set, changed chan bool) {
 	t.Helper()
+	return openWith(t, m, replicaset.Options{StoreTimeout: 5 * time.Second, HedgeDelay: hedge})
+}
+
+// openWith is open with opts, its Addresses and Changed filled in.
+func openWith(t *testing.T, m *umbptest.ReplicatedMaster, opts replicaset.Options) (s *replicaset.Set, changed chan bool) {
+	t.Helper()
 	changed = make(chan bool, 64)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := replicaset.Open(ctx, replicaset.Options{
-		Addresses:    m.Addrs(),
-		StoreTimeout: 5 * time.Second,
-		HedgeDelay:   hedge,
-		Changed: func(usable bool) {
-			select {
-			case changed <- usable:
-			default:
-			}
-		},
-	})
+	opts.Addresses = m.Addrs()
+	opts.Changed = func(usable bool) {
+		select {
+		case changed <- usable:
+		default:
+		}
+	}
+	s, err := replicaset.Open(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,6 +173,42 @@ func TestStoreOutageIsOneFault(t *testing.T) {
 	}
 	if m.Calls("BatchLookup") == before {
 		t.Fatal("no call reached a replica after the store came back")
+	}
+}
+
+// A check of the store that hears nothing (its own bound passed first,
+// the replicas still waiting on a stopped store) says nothing of it: calls
+// go on answering at once, no replica asked, until a replica answers a
+// check otherwise.
+func TestUnheardStoreCheckSaysNothing(t *testing.T) {
+	m := umbptest.NewReplicatedMaster(t, 2, umbptest.MasterOptions{StoreTimeout: time.Hour})
+	s, _ := openWith(t, m, replicaset.Options{StoreTimeout: 50 * time.Millisecond, HedgeDelay: -1})
+	m.FailStore(umbptest.StoreDown)
+	if _, err := lookup(s, 5*time.Second); !errors.Is(err, replicaset.ErrStoreUnavailable) {
+		t.Fatalf("with the store down: %v, want ErrStoreUnavailable", err)
+	}
+	m.FailStore(umbptest.StoreStopped) // every check now waits out its own 50 ms
+	// With at most two checks in flight on each of the two replicas, a
+	// fifth began only once one had ended unheard.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := m.WaitCalls(ctx, "BatchLookup", m.Calls("BatchLookup")+5); err != nil {
+		t.Fatalf("the store's checks stopped: %v", err)
+	}
+	if _, err := lookup(s, 5*time.Second); !errors.Is(err, replicaset.ErrStoreNotAsked) {
+		t.Fatalf("after checks that heard nothing: %v, want ErrStoreNotAsked", err)
+	}
+	m.RestoreStore()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := lookup(s, 5*time.Second)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, replicaset.ErrStoreUnavailable) || time.Now().After(deadline) {
+			t.Fatalf("after the store came back: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond) // the store check's own pace
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/umbp-go/umbp-go/internal/errdefs"
 	"github.com/umbp-go/umbp-go/internal/loglimit"
 )
 
@@ -95,7 +96,10 @@ func (w *storeWatch) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case r := <-w.check:
-			if w.checkOnce(ctx, r, w.gen.Load()) {
+			// Out once a replica said so, this check or a call: watched
+			// until a check hears it answer (one that hears nothing
+			// leaves it out).
+			if w.checkOnce(ctx, r, w.gen.Load()) || w.out.Load() {
 				w.watchOut(ctx)
 			}
 		}
@@ -105,11 +109,14 @@ func (w *storeWatch) run(ctx context.Context) {
 // checkOnce asks r whether the store answers, as of generation gen (the
 // store's returns counted): it reports whether r said it is unavailable.
 // A check that began before the store last came back says nothing of it
-// now.
+// now, and neither does one that heard nothing (unheard).
 func (w *storeWatch) checkOnce(ctx context.Context, r *replica, gen uint64) bool {
 	cctx, cancel := context.WithTimeout(ctx, w.timeout)
 	_, err := r.c.BatchLookup(cctx, []string{storeCheckKey})
 	cancel()
+	if unheard(err) {
+		return false
+	}
 	if !isStoreFault(err) {
 		if w.out.CompareAndSwap(true, false) {
 			w.gen.Add(1)
@@ -122,6 +129,14 @@ func (w *storeWatch) checkOnce(ctx context.Context, r *replica, gen uint64) bool
 	}
 	w.down(err)
 	return true
+}
+
+// unheard reports whether err is a check that heard nothing from its
+// replica: ended at its bound (a store timeout longer than the check's),
+// or the replica went away. Only a replica's answer tells of the store.
+func unheard(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		(errors.Is(err, errdefs.ErrUnavailable) && !isStoreFault(err))
 }
 
 // watchOut checks the store through the replicas while it is out.
