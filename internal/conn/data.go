@@ -89,18 +89,7 @@ func (c *Conn) batchData(ctx context.Context, op string, keys []string, segs []S
 		}
 	}
 	return c.run(ctx, op, n, spans, 1, func(ctx context.Context, s rpc.Span) ([]bool, error) {
-		req := &umbppb.BatchDataRequest{
-			Keys:        keys[s.Start:s.End],
-			ClientId:    c.clientID,
-			ShmOffsets:  make([]uint64, s.Len()),
-			Sizes:       make([]uint64, s.Len()),
-			RegionBases: make([]uint64, s.Len()),
-		}
-		for j, seg := range segs[s.Start:s.End] {
-			req.ShmOffsets[j] = seg.Offset
-			req.Sizes[j] = seg.Size
-			req.RegionBases[j] = seg.RegionBase
-		}
+		req := dataRequest{clientID: c.clientID, keys: keys[s.Start:s.End], segs: segs[s.Start:s.End]}
 		resp := new(umbppb.BatchBoolResponse)
 		if err := c.invokeTransfer(ctx, method, req, resp); err != nil {
 			return nil, c.rpcError(ctx, op, err)
@@ -218,7 +207,7 @@ func (c *Conn) rangedCall(op string, objs []Object, total int, put bool) func(co
 			}
 		}
 		resp := new(umbppb.BatchBoolResponse)
-		if err := c.invokeTransfer(ctx, method, req, resp); err != nil {
+		if err := c.invokeTransfer(ctx, method, messageRequest{req}, resp); err != nil {
 			return nil, c.rpcError(ctx, op, err)
 		}
 		return resp.GetOk(), nil
@@ -229,10 +218,10 @@ func (c *Conn) rangedCall(op string, objs []Object, total int, put bool) func(co
 // connection that is free, else (every one busy, Options.GRPCTransfers, or
 // a lock-step call that could not go out: h2call.ErrNotSent) through the
 // gRPC channel. Either way the request is made once.
-func (c *Conn) invokeTransfer(ctx context.Context, method string, req, resp proto.Message) error {
+func (c *Conn) invokeTransfer(ctx context.Context, method string, req transferRequest, resp proto.Message) error {
 	if c.transfers != nil {
 		buf := transferBufs.Get().(*[]byte)
-		b, err := proto.MarshalOptions{}.MarshalAppend((*buf)[:0], req)
+		b, err := req.appendTo((*buf)[:0])
 		if err != nil {
 			transferBufs.Put(buf)
 			return err
@@ -246,7 +235,7 @@ func (c *Conn) invokeTransfer(ctx context.Context, method string, req, resp prot
 			return err
 		}
 	}
-	return c.cc.Invoke(ctx, method, req, resp)
+	return c.cc.Invoke(ctx, method, req.message(), resp)
 }
 
 // transferBufs recycles the encoded requests of lock-step transfers (h2call
