@@ -49,6 +49,15 @@ func (it *item) plain() bool { return it.single && it.host }
 // no longer reads them (policy.go: maxSlabRanges).
 var rangeSlabs = slicepool.New[conn.Range](maxSlabRanges)
 
+// itemSlabs holds jobs' items, as rangeSlabs their ranges (20 KiB for a
+// job of 256 plans); keySlabs and segmentSlabs the arrays of a plain
+// batch's request, which nothing reads once its call has returned.
+var (
+	itemSlabs    = slicepool.New[item](maxSlabItems)
+	keySlabs     = slicepool.New[string](maxSlabItems)
+	segmentSlabs = slicepool.New[conn.Segment](maxSlabItems)
+)
+
 // coalesce merges ranges that continue one another both in registered
 // memory (same region, next offset) and in the object, so that a block laid
 // out contiguously travels as one range however the plan splits it: the
@@ -159,13 +168,15 @@ func plainBatch(ctx context.Context, c *conn.Conn, kind jobKind, items []item, a
 	if len(at) == 0 {
 		return
 	}
-	keys := make([]string, len(at))
-	segs := make([]conn.Segment, len(at))
+	keys := keySlabs.Get(len(at))
+	segs := segmentSlabs.Get(len(at))
 	for i, k := range at {
 		rg := items[k].obj.Ranges[0]
 		keys[i] = items[k].obj.Key
 		segs[i] = conn.Segment{RegionBase: rg.RegionBase, Offset: rg.Offset, Size: rg.Size}
 	}
 	ok, errs := segments(ctx, c, kind, keys, segs)
+	keySlabs.Put(keys)
+	segmentSlabs.Put(segs)
 	r.from(at, ok, errs)
 }

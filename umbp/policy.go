@@ -25,9 +25,13 @@ const (
 	stagingChunk = 64 << 20
 )
 
-// A job's ranges come from slabs reused once its transfer no longer reads
-// them; slabs of up to maxSlabRanges ranges (2 MiB) are kept.
-const maxSlabRanges = 1 << 16
+// A job's ranges and items come from slabs reused once its transfer no
+// longer reads them; slabs of up to maxSlabRanges ranges (2 MiB) and
+// maxSlabItems items (4 MiB) are kept.
+const (
+	maxSlabRanges = 1 << 16
+	maxSlabItems  = 1 << 16
+)
 
 // The object of zeros that warmStaging stores once and loads across a new
 // staging buffer. Every client stores the same bytes under its name.

@@ -134,6 +134,7 @@ func (t *jobRunner) submit(kind jobKind, plans []BlockTransferPlan, opts []Trans
 	if err := t.pool.Go(func() {
 		if t.run(job, tr, items, barrier) {
 			rangeSlabs.Put(slab) // no item is used any more
+			itemSlabs.Put(items[:len(job.plans)]) // every item it may have written
 		}
 	}); err != nil {
 		job.failQueued(ErrClosed)
@@ -162,7 +163,7 @@ func (t *jobRunner) refuseBlocked(job *TransferJob, n int64) {
 func (t *jobRunner) resolve(job *TransferJob, bad []error, ranged, planned bool) ([]item, []conn.Range) {
 	t.regions.mu.Lock()
 	defer t.regions.mu.Unlock()
-	items := make([]item, 0, len(job.plans))
+	items := itemSlabs.Get(len(job.plans))[:0]
 	n := 0
 	for i := range job.plans {
 		n += len(job.plans[i].Ranges)
