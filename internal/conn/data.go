@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"slices"
 	"sync"
 
 	"github.com/umbp-go/umbp-go/internal/h2call"
@@ -180,34 +179,9 @@ func (c *Conn) rangedCall(op string, objs []Object, total int, put bool) func(co
 				ranges += len(o.Ranges)
 			}
 		}
-		req := rangedRequests.Get().(*umbppb.BatchRangeDataRequest)
-		defer recycleRanged(req)
-		req.ClientId = c.clientID
-		req.Keys = slices.Grow(req.Keys[:0], len(chunk))
-		req.RangeCounts = slices.Grow(req.RangeCounts[:0], len(chunk))
-		req.ShmOffsets = slices.Grow(req.ShmOffsets[:0], ranges)
-		req.RegionBases = slices.Grow(req.RegionBases[:0], ranges)
-		req.Sizes = slices.Grow(req.Sizes[:0], ranges)
-		req.ObjectOffsets = slices.Grow(req.ObjectOffsets[:0], ranges)
-		req.ObjectSizes = req.ObjectSizes[:0] // sent only when not empty: a put's
-		if put {
-			req.ObjectSizes = slices.Grow(req.ObjectSizes, len(chunk))
-		}
-		for _, o := range chunk {
-			req.Keys = append(req.Keys, o.Key)
-			req.RangeCounts = append(req.RangeCounts, uint32(len(o.Ranges)))
-			if put {
-				req.ObjectSizes = append(req.ObjectSizes, o.Size)
-			}
-			for _, r := range o.Ranges {
-				req.ShmOffsets = append(req.ShmOffsets, r.Offset)
-				req.RegionBases = append(req.RegionBases, r.RegionBase)
-				req.Sizes = append(req.Sizes, r.Size)
-				req.ObjectOffsets = append(req.ObjectOffsets, r.ObjectOffset)
-			}
-		}
+		req := rangedRequest{clientID: c.clientID, objs: chunk, ranges: ranges, put: put}
 		resp := new(umbppb.BatchBoolResponse)
-		if err := c.invokeTransfer(ctx, method, messageRequest{req}, resp); err != nil {
+		if err := c.invokeTransfer(ctx, method, req, resp); err != nil {
 			return nil, c.rpcError(ctx, op, err)
 		}
 		return resp.GetOk(), nil
@@ -235,7 +209,9 @@ func (c *Conn) invokeTransfer(ctx context.Context, method string, req transferRe
 			return err
 		}
 	}
-	return c.cc.Invoke(ctx, method, req.message(), resp)
+	m, release := req.message()
+	defer release()
+	return c.cc.Invoke(ctx, method, m, resp)
 }
 
 // transferBufs recycles the encoded requests of lock-step transfers (h2call
@@ -244,23 +220,6 @@ func (c *Conn) invokeTransfer(ctx context.Context, method string, req transferRe
 var transferBufs = sync.Pool{New: func() any { return new([]byte) }}
 
 const maxKeptTransferBuf = 1 << 20
-
-// rangedRequests recycles ranged requests, whose arrays are a ranged job's
-// largest allocation (half a MiB for 8192 ranges): nothing holds a request
-// once its call has returned, gRPC having encoded it (a stats handler that
-// is passed it must copy it to keep it).
-var rangedRequests = sync.Pool{New: func() any { return new(umbppb.BatchRangeDataRequest) }}
-
-// recycleRanged returns req to rangedRequests, its keys dropped, unless its
-// arrays grew too large to keep.
-func recycleRanged(req *umbppb.BatchRangeDataRequest) {
-	if cap(req.ShmOffsets) > maxRecycledRanges {
-		return
-	}
-	clear(req.Keys[:cap(req.Keys)])
-	req.Keys = req.Keys[:0]
-	rangedRequests.Put(req)
-}
 
 // boolReply turns a BoolResponse into (ok, nil), (false, nil) for a plain
 // false, or (false, *RefusedError) when the server gave a reason.

@@ -2,6 +2,8 @@ package conn
 
 import (
 	"encoding/binary"
+	"slices"
+	"sync"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -16,8 +18,9 @@ import (
 type transferRequest interface {
 	// appendTo appends the request, encoded, to b.
 	appendTo(b []byte) ([]byte, error)
-	// message is the request as a message, for the gRPC channel.
-	message() proto.Message
+	// message is the request as a message, for the gRPC channel, and
+	// what to call once the call has returned.
+	message() (m proto.Message, release func())
 }
 
 // dataRequest is a BatchPut's or BatchGet's request: keys[i] at segs[i].
@@ -83,7 +86,7 @@ func packedHeader(b []byte, num protowire.Number, n int) []byte {
 	return protowire.AppendVarint(b, uint64(n))
 }
 
-func (r dataRequest) message() proto.Message {
+func (r dataRequest) message() (proto.Message, func()) {
 	req := &umbppb.BatchDataRequest{
 		Keys:        r.keys,
 		ClientId:    r.clientID,
@@ -96,14 +99,157 @@ func (r dataRequest) message() proto.Message {
 		req.Sizes[j] = seg.Size
 		req.RegionBases[j] = seg.RegionBase
 	}
-	return req
+	return req, func() {}
 }
 
-// messageRequest is a request built as its message (a ranged one).
-type messageRequest struct{ m proto.Message }
-
-func (r messageRequest) appendTo(b []byte) ([]byte, error) {
-	return proto.MarshalOptions{}.MarshalAppend(b, r.m)
+// rangedRequest is a BatchPutRanges' or BatchGetRanges' request of objs,
+// whose ranges number ranges, their sizes sent on a put. It is encoded as
+// proto.Marshal encodes the BatchRangeDataRequest it stands for, without
+// building that message: for 256 objects of 32 ranges, 0.6 of the time of
+// building it and encoding it with proto.Marshal (BenchmarkRangedRequest).
+type rangedRequest struct {
+	clientID string
+	objs     []Object
+	ranges   int
+	put      bool
 }
 
-func (r messageRequest) message() proto.Message { return r.m }
+// BatchRangeDataRequest's fields.
+const (
+	rangedKeys          protowire.Number = 1
+	rangedClientID      protowire.Number = 2
+	rangedRangeCounts   protowire.Number = 3
+	rangedShmOffsets    protowire.Number = 4
+	rangedRegionBases   protowire.Number = 5
+	rangedSizes         protowire.Number = 6
+	rangedObjectOffsets protowire.Number = 7
+	rangedObjectSizes   protowire.Number = 8
+)
+
+func (r rangedRequest) appendTo(b []byte) ([]byte, error) {
+	for i := range r.objs {
+		b = protowire.AppendTag(b, rangedKeys, protowire.BytesType)
+		b = protowire.AppendString(b, r.objs[i].Key)
+	}
+	if r.clientID != "" {
+		b = protowire.AppendTag(b, rangedClientID, protowire.BytesType)
+		b = protowire.AppendString(b, r.clientID)
+	}
+	if len(r.objs) == 0 {
+		return b, nil
+	}
+	n := 0
+	for i := range r.objs {
+		n += protowire.SizeVarint(uint64(len(r.objs[i].Ranges)))
+	}
+	b = packedHeader(b, rangedRangeCounts, n)
+	for i := range r.objs {
+		b = binary.AppendUvarint(b, uint64(len(r.objs[i].Ranges)))
+	}
+	b = r.appendRanges(b)
+	if r.put {
+		n := 0
+		for i := range r.objs {
+			n += protowire.SizeVarint(r.objs[i].Size)
+		}
+		b = packedHeader(b, rangedObjectSizes, n)
+		for i := range r.objs {
+			b = binary.AppendUvarint(b, r.objs[i].Size)
+		}
+	}
+	return b, nil
+}
+
+// appendRanges appends the four fields of one value a range (4 to 7),
+// packed; nothing when there are no ranges. The sizes are counted in one
+// pass, each field written in one of its own.
+func (r rangedRequest) appendRanges(b []byte) []byte {
+	var n [4]int // bytes of shm_offsets, region_bases, sizes, object_offsets
+	count := 0
+	for i := range r.objs {
+		rs := r.objs[i].Ranges
+		count += len(rs)
+		for k := range rs {
+			n[0] += protowire.SizeVarint(rs[k].Offset)
+			n[1] += protowire.SizeVarint(rs[k].RegionBase)
+			n[2] += protowire.SizeVarint(rs[k].Size)
+			n[3] += protowire.SizeVarint(rs[k].ObjectOffset)
+		}
+	}
+	if count == 0 {
+		return b
+	}
+	b = packedHeader(b, rangedShmOffsets, n[0])
+	for i := range r.objs {
+		for _, rg := range r.objs[i].Ranges {
+			b = binary.AppendUvarint(b, rg.Offset)
+		}
+	}
+	b = packedHeader(b, rangedRegionBases, n[1])
+	for i := range r.objs {
+		for _, rg := range r.objs[i].Ranges {
+			b = binary.AppendUvarint(b, rg.RegionBase)
+		}
+	}
+	b = packedHeader(b, rangedSizes, n[2])
+	for i := range r.objs {
+		for _, rg := range r.objs[i].Ranges {
+			b = binary.AppendUvarint(b, rg.Size)
+		}
+	}
+	b = packedHeader(b, rangedObjectOffsets, n[3])
+	for i := range r.objs {
+		for _, rg := range r.objs[i].Ranges {
+			b = binary.AppendUvarint(b, rg.ObjectOffset)
+		}
+	}
+	return b
+}
+
+// message builds the request in one from rangedRequests, given back by
+// release.
+func (r rangedRequest) message() (proto.Message, func()) {
+	req := rangedRequests.Get().(*umbppb.BatchRangeDataRequest)
+	req.ClientId = r.clientID
+	req.Keys = slices.Grow(req.Keys[:0], len(r.objs))
+	req.RangeCounts = slices.Grow(req.RangeCounts[:0], len(r.objs))
+	req.ShmOffsets = slices.Grow(req.ShmOffsets[:0], r.ranges)
+	req.RegionBases = slices.Grow(req.RegionBases[:0], r.ranges)
+	req.Sizes = slices.Grow(req.Sizes[:0], r.ranges)
+	req.ObjectOffsets = slices.Grow(req.ObjectOffsets[:0], r.ranges)
+	req.ObjectSizes = req.ObjectSizes[:0] // sent only when not empty: a put's
+	if r.put {
+		req.ObjectSizes = slices.Grow(req.ObjectSizes, len(r.objs))
+	}
+	for _, o := range r.objs {
+		req.Keys = append(req.Keys, o.Key)
+		req.RangeCounts = append(req.RangeCounts, uint32(len(o.Ranges)))
+		if r.put {
+			req.ObjectSizes = append(req.ObjectSizes, o.Size)
+		}
+		for _, rg := range o.Ranges {
+			req.ShmOffsets = append(req.ShmOffsets, rg.Offset)
+			req.RegionBases = append(req.RegionBases, rg.RegionBase)
+			req.Sizes = append(req.Sizes, rg.Size)
+			req.ObjectOffsets = append(req.ObjectOffsets, rg.ObjectOffset)
+		}
+	}
+	return req, func() { recycleRanged(req) }
+}
+
+// rangedRequests recycles ranged requests, whose arrays are a ranged job's
+// largest allocation (half a MiB for 8192 ranges): nothing holds a request
+// once its call has returned, gRPC having encoded it (a stats handler that
+// is passed it must copy it to keep it).
+var rangedRequests = sync.Pool{New: func() any { return new(umbppb.BatchRangeDataRequest) }}
+
+// recycleRanged returns req to rangedRequests, its keys dropped, unless its
+// arrays grew too large to keep.
+func recycleRanged(req *umbppb.BatchRangeDataRequest) {
+	if cap(req.ShmOffsets) > maxRecycledRanges {
+		return
+	}
+	clear(req.Keys[:cap(req.Keys)])
+	req.Keys = req.Keys[:0]
+	rangedRequests.Put(req)
+}

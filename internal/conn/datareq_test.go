@@ -31,28 +31,66 @@ func TestDataRequestEncoding(t *testing.T) {
 		cases = append(cases, r)
 	}
 	for i, r := range cases {
-		got, err := r.appendTo([]byte("prefix"))
-		if err != nil {
-			t.Fatalf("case %d: %v", i, err)
+		checkEncoding(t, fmt.Sprintf("data case %d", i), r, &umbppb.BatchDataRequest{})
+	}
+}
+
+// A ranged request is encoded byte for byte as proto.Marshal encodes the
+// message it stands for, put or get.
+func TestRangedRequestEncoding(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	cases := []rangedRequest{
+		{},
+		{clientID: "c", put: true},
+		{objs: []Object{{Key: "k", Ranges: []Range{{}}}}},
+		{objs: []Object{{Key: "k", Size: 0, Ranges: []Range{{}}}}, put: true},
+		{objs: []Object{{Key: "", Size: math.MaxUint64}}, put: true}, // no ranges at all
+		{clientID: "w", objs: []Object{{Key: "a", Size: 300, Ranges: []Range{{RegionBase: math.MaxUint64, Offset: 1 << 63, Size: 100, ObjectOffset: 200}, {Size: 200}}}, {Key: "é", Size: 1}}, put: true},
+	}
+	for n := range 50 {
+		r := rangedRequest{clientID: fmt.Sprintf("client-%d", n), put: n%2 == 0}
+		for i := range rng.IntN(100) {
+			o := Object{Key: fmt.Sprintf("key-%d-%d", n, i), Size: rng.Uint64() >> rng.IntN(64)}
+			for range rng.IntN(40) {
+				o.Ranges = append(o.Ranges, Range{RegionBase: rng.Uint64() >> rng.IntN(64), Offset: rng.Uint64() >> rng.IntN(64), Size: rng.Uint64() >> rng.IntN(64), ObjectOffset: rng.Uint64() >> rng.IntN(64)})
+			}
+			r.objs = append(r.objs, o)
+			r.ranges += len(o.Ranges)
 		}
-		if !bytes.HasPrefix(got, []byte("prefix")) {
-			t.Fatalf("case %d: what was there before is lost", i)
-		}
-		got = got[len("prefix"):]
-		want, err := proto.Marshal(r.message())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, want) {
-			t.Fatalf("case %d: encoded\n%x\nproto.Marshal encodes\n%x", i, got, want)
-		}
-		var back umbppb.BatchDataRequest
-		if err := proto.Unmarshal(got, &back); err != nil {
-			t.Fatalf("case %d: %v", i, err)
-		}
-		if !proto.Equal(&back, r.message()) {
-			t.Fatalf("case %d: decodes to %v, want %v", i, &back, r.message())
-		}
+		cases = append(cases, r)
+	}
+	for i, r := range cases {
+		checkEncoding(t, fmt.Sprintf("ranged case %d", i), r, &umbppb.BatchRangeDataRequest{})
+	}
+}
+
+// checkEncoding checks that r encodes, after what b held, to the bytes
+// proto.Marshal makes of r's message, and that they decode (into back) to
+// that message.
+func checkEncoding(t *testing.T, what string, r transferRequest, back proto.Message) {
+	t.Helper()
+	got, err := r.appendTo([]byte("prefix"))
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	if !bytes.HasPrefix(got, []byte("prefix")) {
+		t.Fatalf("%s: what was there before is lost", what)
+	}
+	got = got[len("prefix"):]
+	m, release := r.message()
+	defer release()
+	want, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("%s: encoded\n%x\nproto.Marshal encodes\n%x", what, got, want)
+	}
+	if err := proto.Unmarshal(got, back); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	if !proto.Equal(back, m) {
+		t.Fatalf("%s: decodes to %v, want %v", what, back, m)
 	}
 }
 
@@ -72,7 +110,36 @@ func BenchmarkDataRequest(b *testing.B) {
 	})
 	b.Run("message", func(b *testing.B) {
 		for b.Loop() {
-			buf, _ = messageRequest{r.message()}.appendTo(buf[:0])
+			m, release := r.message()
+			buf, _ = proto.MarshalOptions{}.MarshalAppend(buf[:0], m)
+			release()
+		}
+	})
+}
+
+// BenchmarkRangedRequest encodes a ranged job's request (256 objects of 32
+// ranges), by hand and through the message and proto.Marshal.
+func BenchmarkRangedRequest(b *testing.B) {
+	r := rangedRequest{clientID: "umbp-go-worker-0123456789", put: true}
+	for i := range 256 {
+		o := Object{Key: fmt.Sprintf("model/layer-block-%08d", i), Size: 64 << 10}
+		for j := range 32 {
+			o.Ranges = append(o.Ranges, Range{RegionBase: 0x7f0000000000, Offset: uint64(j*256+i) << 11, Size: 2 << 10, ObjectOffset: uint64(j) << 11})
+		}
+		r.objs = append(r.objs, o)
+		r.ranges += len(o.Ranges)
+	}
+	buf := make([]byte, 0, 1<<20)
+	b.Run("hand", func(b *testing.B) {
+		for b.Loop() {
+			buf, _ = r.appendTo(buf[:0])
+		}
+	})
+	b.Run("message", func(b *testing.B) {
+		for b.Loop() {
+			m, release := r.message()
+			buf, _ = proto.MarshalOptions{}.MarshalAppend(buf[:0], m)
+			release()
 		}
 	})
 }
