@@ -39,8 +39,9 @@ import (
 // lookupBackend is what a scheduler handle asks: a standalone server
 // through its link (standaloneBackend), or MORI's master (masterBackend).
 type lookupBackend interface {
-	// encode encodes a lookup's keys (none empty) for this backend, on
-	// the caller's goroutine: a key that is not UTF-8 is an error.
+	// encode encodes a lookup's keys for this backend, on the caller's
+	// goroutine, leaving out those that cannot be asked about (empty, not
+	// UTF-8): the result's At says where the others are in keys.
 	encode(keys []string) (encoded.Keys, error)
 	// session returns what a call asks now, or the error to answer at
 	// once (reconnecting, closed).

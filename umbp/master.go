@@ -92,7 +92,7 @@ func (b *masterBackend) capabilities() ServerCapabilities {
 }
 
 func (b *masterBackend) encode(keys []string) (encoded.Keys, error) {
-	return masterconn.EncodeKeys(keys)
+	return masterconn.EncodeAskable(keys)
 }
 
 // close: closing a gRPC channel cancels the calls on it, a stuck one

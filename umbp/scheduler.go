@@ -144,33 +144,24 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 	}
 	// The call may outlive this one (LookupTimeout), and the caller may
 	// reuse its keys once Lookup returns: the request is encoded here, and
-	// the call sends the encoded bytes. The encoder, which checks every
-	// key anyway, refuses a batch with a key that cannot be asked about;
-	// it is encoded again without such keys.
-	var at []int // where the keys asked about are in keys, when not all are
-	q, err := h.backend.encode(keys)
-	if err != nil {
-		var ask []string
-		if ask, at = validKeys(keys); len(ask) == 0 {
-			return h.misses(len(keys))
-		}
-		q, err = h.backend.encode(ask)
-	}
-	h.stats.lookups.Add(1)
+	// the call sends the encoded bytes. The encoder, which reads every key
+	// anyway, leaves out the keys that cannot be asked about.
 	var out []bool
-	if err == nil {
+	q, err := h.backend.encode(keys)
+	if err == nil && q.N > 0 {
+		h.stats.lookups.Add(1)
 		out, err = h.calls.exists(ctx, q)
 	}
-	if err == nil && at != nil {
+	switch {
+	case err != nil:
+		h.logFailure("lookup", err)
+		out = make([]bool, len(keys))
+	case q.At != nil: // the keys left out are misses
 		all := make([]bool, len(keys))
-		for j, i := range at {
+		for j, i := range q.At {
 			all[i] = out[j]
 		}
 		out = all
-	}
-	if err != nil {
-		h.logFailure("lookup", err)
-		return h.misses(len(keys))
 	}
 	h.quarantine.mask(keys, out)
 	n := uint64(0)
@@ -184,27 +175,8 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 	return out
 }
 
-// misses answers n keys as absent, and counts them.
-func (h *SchedulerHandle) misses(n int) []bool {
-	h.stats.misses.Add(uint64(n))
-	return make([]bool, n)
-}
-
 // lookupKeyOK reports whether key can be sent in a lookup.
 func lookupKeyOK(key string) bool { return key != "" && utf8.ValidString(key) }
-
-// validKeys returns the keys that can be sent and their indexes.
-func validKeys(keys []string) ([]string, []int) {
-	var ask []string
-	var at []int
-	for i, k := range keys {
-		if lookupKeyOK(k) {
-			ask = append(ask, k)
-			at = append(at, i)
-		}
-	}
-	return ask, at
-}
 
 // askable returns the leading keys that can be asked about: a key that
 // cannot (empty, not UTF-8) or is quarantined ends them.
@@ -230,9 +202,15 @@ func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
 	}
 	h.stats.lookups.Add(1)
 	q, err := h.backend.encode(keys) // as in Lookup: the call may outlive this one
-	if err != nil {
-		i := slices.IndexFunc(keys, func(k string) bool { return !utf8.ValidString(k) })
-		if i <= 0 {
+	if err == nil && q.At != nil {
+		// A key not UTF-8 ends the prefix: the keys before it are asked
+		// about alone.
+		i := 0
+		for i < len(q.At) && q.At[i] == i {
+			i++
+		}
+		q.Free()
+		if i == 0 {
 			h.stats.misses.Add(uint64(len(keys)))
 			return 0
 		}

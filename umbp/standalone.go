@@ -22,10 +22,12 @@ func (b standaloneBackend) session() (lookupSource, error) {
 	return standaloneSource{c: c, l: b.l}, nil
 }
 
-func (b standaloneBackend) encode(keys []string) (encoded.Keys, error) { return conn.EncodeKeys(keys) }
-func (b standaloneBackend) states() *connState                         { return &b.l.st }
-func (b standaloneBackend) capabilities() ServerCapabilities           { return b.l.capabilities() }
-func (b standaloneBackend) replicaStats() []ReplicaStats               { return nil }
+func (b standaloneBackend) encode(keys []string) (encoded.Keys, error) {
+	return conn.EncodeAskable(keys)
+}
+func (b standaloneBackend) states() *connState               { return &b.l.st }
+func (b standaloneBackend) capabilities() ServerCapabilities { return b.l.capabilities() }
+func (b standaloneBackend) replicaStats() []ReplicaStats     { return nil }
 
 // close: a lookup names no client memory, but closing a gRPC connection
 // waits for its calls, so a connection with a call stuck in the server is

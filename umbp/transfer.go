@@ -133,7 +133,7 @@ func (t *jobRunner) submit(kind jobKind, plans []BlockTransferPlan, opts []Trans
 	t.jobs.add(job) // before it can run, and so before it can end
 	if err := t.pool.Go(func() {
 		if t.run(job, tr, items, barrier) {
-			rangeSlabs.Put(slab) // no item is used any more
+			rangeSlabs.Put(slab)                  // no item is used any more
 			itemSlabs.Put(items[:len(job.plans)]) // every item it may have written
 		}
 	}); err != nil {

@@ -20,6 +20,12 @@ func EncodeKeys(keys []string) (encoded.Keys, error) {
 	return rpc.EncodeKeys("lookup", keysField, keys, maxRequestBytes)
 }
 
+// EncodeAskable is EncodeKeys leaving out the keys that cannot be asked
+// about (rpc.EncodeAskable).
+func EncodeAskable(keys []string) (encoded.Keys, error) {
+	return rpc.EncodeAskable("lookup", keysField, keys, maxRequestBytes)
+}
+
 // keysField is BatchKeysRequest's keys.
 const keysField = 1
 

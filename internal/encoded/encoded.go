@@ -189,6 +189,9 @@ var CallOption = func() grpc.CallOption {
 type Keys struct {
 	N     int    // keys in the batch
 	Parts []Part // in order, covering [0, N)
+	// At, when not nil, are the indexes of the N keys in the caller's
+	// batch, some of whose keys were left out (rpc.EncodeAskable).
+	At []int
 }
 
 // Part is one request of Keys: the keys [Start, End) of the batch.
@@ -203,7 +206,7 @@ func (k Keys) Share() Keys {
 	for i, p := range k.Parts {
 		parts[i] = Part{Start: p.Start, End: p.End, Msg: p.Msg.Share()}
 	}
-	return Keys{N: k.N, Parts: parts}
+	return Keys{N: k.N, Parts: parts, At: k.At}
 }
 
 // Free frees every part not sent.

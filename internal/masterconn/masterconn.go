@@ -205,11 +205,18 @@ func checkStrings(op, what string, ss []string) error {
 // reads only the encoded bytes. An empty key, or one that is not UTF-8, fails
 // the batch with an ErrInvalidArgument that names it.
 func EncodeKeys(keys []string) (encoded.Keys, error) {
-	// BatchLookupRequest's keys; its node_id, which the master ignores,
-	// is left empty (so not encoded).
-	const keysField = 2
-	return rpc.EncodeKeys("BatchLookup", keysField, keys, rpc.MaxMessageSize)
+	return rpc.EncodeKeys("BatchLookup", lookupKeysField, keys, rpc.MaxMessageSize)
 }
+
+// EncodeAskable is EncodeKeys leaving out the keys that cannot be asked
+// about (rpc.EncodeAskable).
+func EncodeAskable(keys []string) (encoded.Keys, error) {
+	return rpc.EncodeAskable("BatchLookup", lookupKeysField, keys, rpc.MaxMessageSize)
+}
+
+// lookupKeysField is BatchLookupRequest's keys; its node_id, which the
+// master ignores, is left empty (so not encoded).
+const lookupKeysField = 2
 
 // BatchLookupEncoded reports for each key of k whether some node holds it,
 // one request a part of k; a part not sent is freed.

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"slices"
+	"unicode/utf8"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -20,10 +21,46 @@ import (
 // fails the whole batch with an ErrInvalidArgument that names it; nothing
 // is encoded then.
 func EncodeKeys(op string, field protowire.Number, keys []string, limit int) (encoded.Keys, error) {
+	k, _, err := encodeKeys(op, field, keys, limit)
+	return k, err
+}
+
+// EncodeAskable is EncodeKeys for a lookup that answers a key it cannot ask
+// about (empty, not UTF-8) as a miss: such keys are left out, and the
+// result's At says where the others are in keys. A batch of such keys
+// only is no keys (N 0); its At is empty, not nil.
+func EncodeAskable(op string, field protowire.Number, keys []string, limit int) (encoded.Keys, error) {
+	k, bad, err := encodeKeys(op, field, keys, limit)
+	if bad < 0 {
+		return k, err
+	}
+	// A key that cannot be asked about, found by the encoder, which reads
+	// every key anyway: the batch is encoded again without such keys.
+	ask := make([]string, 0, len(keys)-1)
+	at := make([]int, 0, len(keys)-1)
+	for i, key := range keys {
+		if key != "" && utf8.ValidString(key) {
+			ask = append(ask, key)
+			at = append(at, i)
+		}
+	}
+	if len(ask) == 0 {
+		return encoded.Keys{At: at}, nil
+	}
+	if k, _, err = encodeKeys(op, field, ask, limit); err != nil {
+		return encoded.Keys{}, err
+	}
+	k.At = at
+	return k, nil
+}
+
+// encodeKeys is EncodeKeys; bad is the index of the key that failed the
+// batch, -1 when none did.
+func encodeKeys(op string, field protowire.Number, keys []string, limit int) (_ encoded.Keys, bad int, _ error) {
 	total := 0
 	for i, k := range keys {
 		if k == "" {
-			return encoded.Keys{}, Invalid(op, "key %d is empty", i)
+			return encoded.Keys{}, i, Invalid(op, "key %d is empty", i)
 		}
 		total += len(k)
 	}
@@ -35,7 +72,7 @@ func EncodeKeys(op string, field protowire.Number, keys []string, limit int) (en
 		var err error
 		spans, err = Cutter{Op: op, Limit: limit}.Cut(len(keys), func(i int) Cost { return Cost{Wire: BytesField(len(keys[i]))} })
 		if err != nil {
-			return encoded.Keys{}, err
+			return encoded.Keys{}, -1, err
 		}
 	}
 	out := encoded.Keys{N: len(keys), Parts: make([]encoded.Part, 0, len(spans))}
@@ -43,16 +80,16 @@ func EncodeKeys(op string, field protowire.Number, keys []string, limit int) (en
 		m, err := encoded.Strings(field, keys[s.Start:s.End])
 		if err != nil {
 			out.Free()
-			var bad *encoded.NotUTF8Error
-			if errors.As(err, &bad) {
-				i := s.Start + bad.Index
-				return encoded.Keys{}, Invalid(op, "key %d (%q) is not valid UTF-8", i, keys[i])
+			var notUTF8 *encoded.NotUTF8Error
+			if errors.As(err, &notUTF8) {
+				i := s.Start + notUTF8.Index
+				return encoded.Keys{}, i, Invalid(op, "key %d (%q) is not valid UTF-8", i, keys[i])
 			}
-			return encoded.Keys{}, Invalid(op, "%v", err)
+			return encoded.Keys{}, -1, Invalid(op, "%v", err)
 		}
 		out.Parts = append(out.Parts, encoded.Part{Start: s.Start, End: s.End, Msg: m})
 	}
-	return out, nil
+	return out, -1, nil
 }
 
 // Spans returns the spans of k's parts.

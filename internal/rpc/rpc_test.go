@@ -147,3 +147,37 @@ func TestEncodeKeys(t *testing.T) {
 		}
 	}
 }
+
+// EncodeAskable leaves out the keys EncodeKeys refuses, and says where the
+// others are.
+func TestEncodeAskable(t *testing.T) {
+	for _, tc := range []struct {
+		keys []string
+		ask  []string
+		at   []int // nil: every key asked about
+	}{
+		{[]string{"a", "b"}, []string{"a", "b"}, nil},
+		{[]string{"a", "", "b", "\xff", "c"}, []string{"a", "b", "c"}, []int{0, 2, 4}},
+		{[]string{"\xff", "a"}, []string{"a"}, []int{1}},
+		{[]string{"", "\xff"}, nil, []int{}},
+	} {
+		k, err := EncodeAskable("lookup", 1, tc.keys, MaxMessageSize)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.keys, err)
+		}
+		if k.N != len(tc.ask) || (tc.at == nil) != (k.At == nil) || !slices.Equal(k.At, tc.at) {
+			t.Fatalf("%q: %d keys at %v, want %d at %v", tc.keys, k.N, k.At, len(tc.ask), tc.at)
+		}
+		if k.N > 0 {
+			want, _ := proto.Marshal(&umbppb.BatchKeysRequest{Keys: tc.ask})
+			if got := Part(k, Span{0, k.N}).Bytes(); string(got) != string(want) {
+				t.Fatalf("%q: %x, want %x", tc.keys, got, want)
+			}
+		}
+		k.Free()
+	}
+	// A key too large for the limit is not a key left out.
+	if _, err := EncodeAskable("lookup", 1, []string{"a", strings.Repeat("x", 100)}, 50); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("a key over the limit: %v", err)
+	}
+}
