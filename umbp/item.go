@@ -49,7 +49,7 @@ func (it *item) plain() bool { return it.single && it.host }
 // no longer reads them (policy.go: maxSlabRanges).
 var rangeSlabs = slicepool.New[conn.Range](maxSlabRanges)
 
-// itemSlabs holds jobs' items, as rangeSlabs their ranges (20 KiB for a
+// itemSlabs holds jobs' items, as rangeSlabs their ranges (16 KiB for a
 // job of 256 plans); keySlabs and segmentSlabs the arrays of a plain
 // batch's request, which nothing reads once its call has returned.
 var (

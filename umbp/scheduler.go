@@ -148,8 +148,10 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 	// anyway, leaves out the keys that cannot be asked about.
 	var out []bool
 	q, err := h.backend.encode(keys)
-	if err == nil && q.N > 0 {
+	if err != nil || q.N > 0 { // a call, answered or not (keys all left out: none)
 		h.stats.lookups.Add(1)
+	}
+	if err == nil && q.N > 0 {
 		out, err = h.calls.exists(ctx, q)
 	}
 	switch {
@@ -192,7 +194,8 @@ func (h *SchedulerHandle) askable(keys []string) []string {
 // or is quarantined, ends the prefix.
 func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
 	// An empty key ends the prefix here; one that is not UTF-8 once the
-	// encoder, which reads every key anyway, refused the batch.
+	// encoder, which reads every key anyway, left it out (or failed the
+	// batch).
 	if i := slices.Index(keys, ""); i >= 0 {
 		keys = keys[:i]
 	}
@@ -202,15 +205,12 @@ func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
 	}
 	h.stats.lookups.Add(1)
 	q, err := h.backend.encode(keys) // as in Lookup: the call may outlive this one
-	if err == nil && q.At != nil {
+	if err != nil || q.At != nil {
 		// A key not UTF-8 ends the prefix: the keys before it are asked
-		// about alone.
-		i := 0
-		for i < len(q.At) && q.At[i] == i {
-			i++
-		}
+		// about alone, even when a key after it failed the batch.
 		q.Free()
-		if i == 0 {
+		i := slices.IndexFunc(keys, func(k string) bool { return !utf8.ValidString(k) })
+		if i <= 0 {
 			h.stats.misses.Add(uint64(len(keys)))
 			return 0
 		}

@@ -118,6 +118,35 @@ func TestLookup(t *testing.T) {
 	}
 }
 
+// A key too large for any request fails its Lookup, which is still one
+// call; in LookupPrefix it lies past a key that is not UTF-8, which ends
+// the prefix first: the keys before it are asked about.
+func TestLookupKeyOverTheLimit(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	keys := storeKeys(t, rt, 2)
+	h := newScheduler(t, rt)
+	ctx := context.Background()
+	huge := strings.Repeat("k", 65<<20)
+
+	before := h.Stats().Lookups
+	if got := h.Lookup(ctx, []string{keys[0], huge}); fmt.Sprint(got) != "[false false]" {
+		t.Fatalf("Lookup with a key over the limit = %v", got)
+	}
+	after := h.Stats().Lookups
+	if after.Calls-before.Calls != 1 || after.Failures-before.Failures != 1 {
+		t.Fatalf("Lookup with a key over the limit counted %d calls and %d failures, want 1 and 1",
+			after.Calls-before.Calls, after.Failures-before.Failures)
+	}
+	calls := srv.Calls("BatchExistsConsecutive")
+	if n := h.LookupPrefix(ctx, []string{keys[0], keys[1], "bad\xff", huge}); n != 2 {
+		t.Fatalf("LookupPrefix with a key over the limit past one not UTF-8 = %d, want 2", n)
+	}
+	if n := srv.Calls("BatchExistsConsecutive") - calls; n != 1 {
+		t.Fatalf("it reached the server %d times, want once", n)
+	}
+}
+
 func TestLookupFailuresAreMisses(t *testing.T) {
 	srv := newServer(t, umbptest.Options{})
 	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
