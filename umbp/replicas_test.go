@@ -143,6 +143,12 @@ func TestReplicaStalledIsRoutedAround(t *testing.T) {
 		}
 	}()
 	slowest := p.checkLookups(t, h, 8, 20, time.Second)
+	// It is found stalled while calls are in flight (its beats silent, or
+	// overtaken call after call): on a busy host that may take more calls
+	// than these, so lookups go on until it is set aside.
+	for deadline := time.Now().Add(10 * time.Second); !h.Stats().Replicas[0].SetAside && time.Now().Before(deadline); {
+		slowest = max(slowest, p.checkLookups(t, h, 8, 5, time.Second))
+	}
 	st := h.Stats()
 	if r := st.Replicas[0]; !r.SetAside || r.SetAsides == 0 || r.State == umbp.StateConnected {
 		t.Errorf("the stalled replica: %+v; want set aside", r)
