@@ -14,7 +14,6 @@ import (
 	"github.com/umbp-go/umbp-go/internal/server"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 	"github.com/umbp-go/umbp-go/umbp"
-	"github.com/umbp-go/umbp-go/umbp/umbptest"
 )
 
 // benchServer starts the Go server with its pool mapped up front, as a
@@ -257,19 +256,7 @@ func BenchmarkJobOverhead(b *testing.B) {
 // directly on the generated stub, against one in-process master over TCP
 // loopback, for 1, 64 and 1024 keys, all of them held.
 func BenchmarkClusterLookup(b *testing.B) {
-	m := umbptest.NewMaster(b, umbptest.MasterOptions{ReaperInterval: -1})
-	raw := dialMaster(b, m.Addr())
-	keys := make([]string, 1024)
-	for i := range keys {
-		keys[i] = fmt.Sprintf("cluster-bench-%04d", i)
-	}
-	newFakeNode(b, raw, "n1", keys)
-	cfg := clusterConfig(b, m.Addr())
-	cfg.LookupTimeout = time.Second
-	cfg.GRPCLookups = false
-	h := newClusterHandle(b, cfg)
-	cfg.GRPCLookups = true
-	hg := newClusterHandle(b, cfg)
+	h, hg, raw, keys := clusterLookupBench(b)
 	ctx := context.Background()
 	for _, n := range []int{1, 64, 1024} {
 		keys := keys[:n]
