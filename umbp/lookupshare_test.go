@@ -24,55 +24,37 @@ func BenchmarkLookupShare(b *testing.B) {
 	ch, chg, raw, ckeys := clusterLookupBench(b)
 	for _, n := range []int{1, 64, 1024} {
 		keys, held := keysOf(n), ckeys[:n]
+		standalone := func() bool {
+			resp, err := stub.BatchExists(ctx, &umbppb.BatchKeysRequest{Keys: keys})
+			return err == nil && resp.Ok[0]
+		}
+		master := func() bool {
+			resp, err := raw.BatchLookup(ctx, &umbppb.BatchLookupRequest{Keys: held})
+			return err == nil && len(resp.Found) == n && resp.Found[n-1]
+		}
+		// lookup is h's Lookup of keys, answered right when keys[hit] is held.
+		lookup := func(h *umbp.SchedulerHandle, keys []string, hit int) func() bool {
+			return func() bool { return h.Lookup(ctx, keys)[hit] }
+		}
 		for _, c := range []struct {
-			name string
-			h    *umbp.SchedulerHandle
-			call func() bool // the handle's lookup, answered right
-			bare func() bool // the stub's
+			name         string
+			handle, bare func() bool
 		}{
-			{"standalone/handle", h, nil, nil},
-			{"standalone/handle-grpc", hg, nil, nil},
-			{"master/handle", ch, nil, nil},
-			{"master/handle-grpc", chg, nil, nil},
+			{"standalone/handle", lookup(h, keys, 0), standalone},
+			{"standalone/handle-grpc", lookup(hg, keys, 0), standalone},
+			{"master/handle", lookup(ch, held, n-1), master},
+			{"master/handle-grpc", lookup(chg, held, n-1), master},
 		} {
-			if c.h == h || c.h == hg {
-				c.call = func() bool { return c.h.Lookup(ctx, keys)[0] }
-				c.bare = func() bool {
-					resp, err := stub.BatchExists(ctx, &umbppb.BatchKeysRequest{Keys: keys})
-					return err == nil && resp.Ok[0]
-				}
-			} else {
-				c.call = func() bool { return c.h.Lookup(ctx, held)[n-1] }
-				c.bare = func() bool {
-					resp, err := raw.BatchLookup(ctx, &umbppb.BatchLookupRequest{Keys: held})
-					return err == nil && len(resp.Found) == n && resp.Found[n-1]
-				}
-			}
 			b.Run(fmt.Sprintf("keys=%d/%s", n, c.name), func(b *testing.B) {
-				var hs, ss, rs []float64
-				for i := 0; b.Loop(); i++ {
-					var th, ts time.Duration
-					for k := range 2 {
-						t0 := time.Now()
-						if (i+k)%2 == 0 {
-							if !c.call() {
-								b.Fatal("the handle missed")
-							}
-							th = time.Since(t0)
-						} else {
-							if !c.bare() {
-								b.Fatal("the stub missed")
-							}
-							ts = time.Since(t0)
-						}
+				alternate(b, time.Microsecond, nil, func() {
+					if !c.handle() {
+						b.Fatal("the handle missed")
 					}
-					hs = append(hs, float64(th)/1e3)
-					ss = append(ss, float64(ts)/1e3)
-					rs = append(rs, float64(th)/float64(ts))
-				}
-				b.ReportMetric(median(hs), "handle-us")
-				b.ReportMetric(median(ss), "stub-us")
-				b.ReportMetric(median(rs), "handle/stub")
+				}, func() {
+					if !c.bare() {
+						b.Fatal("the stub missed")
+					}
+				})
 			})
 		}
 	}

@@ -184,32 +184,46 @@ func BenchmarkSuiteShare(b *testing.B) {
 					}
 					stubCall(put)
 				}
-				var hs, ss, rs []float64
-				for i := 0; b.Loop(); i++ {
-					var th, ts time.Duration
-					for k := range 2 {
-						if put {
-							b.StopTimer()
-							clear()
-							b.StartTimer()
-						}
-						t0 := time.Now()
-						if (i+k)%2 == 0 {
-							handleCall(put)
-							th = time.Since(t0)
-						} else {
-							stubCall(put)
-							ts = time.Since(t0)
-						}
-					}
-					hs = append(hs, float64(th)/1e6)
-					ss = append(ss, float64(ts)/1e6)
-					rs = append(rs, float64(th)/float64(ts))
+				var before func() // untimed, before each call: a store's clear
+				if put {
+					before = clear
 				}
-				b.ReportMetric(median(hs), "handle-ms")
-				b.ReportMetric(median(ss), "stub-ms")
-				b.ReportMetric(median(rs), "handle/stub")
+				alternate(b, time.Millisecond, before, func() { handleCall(put) }, func() { stubCall(put) })
 			})
 		}
 	}
+}
+
+// alternate runs handle and stub by turns, once each a round of b.Loop,
+// the one first that went second the round before, before (when not nil)
+// untimed ahead of each; it reports the medians of each one's time in
+// unit (handle-ms or handle-us, stub-…) and of their pairwise ratios
+// (handle/stub).
+func alternate(b *testing.B, unit time.Duration, before func(), handle, stub func()) {
+	var hs, ss, rs []float64
+	for i := 0; b.Loop(); i++ {
+		var th, ts time.Duration
+		for k := range 2 {
+			if before != nil {
+				b.StopTimer()
+				before()
+				b.StartTimer()
+			}
+			t0 := time.Now()
+			if (i+k)%2 == 0 {
+				handle()
+				th = time.Since(t0)
+			} else {
+				stub()
+				ts = time.Since(t0)
+			}
+		}
+		hs = append(hs, float64(th)/float64(unit))
+		ss = append(ss, float64(ts)/float64(unit))
+		rs = append(rs, float64(th)/float64(ts))
+	}
+	name := map[time.Duration]string{time.Millisecond: "ms", time.Microsecond: "us"}[unit]
+	b.ReportMetric(median(hs), "handle-"+name)
+	b.ReportMetric(median(ss), "stub-"+name)
+	b.ReportMetric(median(rs), "handle/stub")
 }

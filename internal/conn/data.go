@@ -195,11 +195,7 @@ func (c *Conn) rangedCall(op string, objs []Object, total int, put bool) func(co
 func (c *Conn) invokeTransfer(ctx context.Context, method string, req transferRequest, resp proto.Message) error {
 	if c.transfers != nil {
 		buf := transferBufs.Get().(*[]byte)
-		b, err := req.appendTo((*buf)[:0])
-		if err != nil {
-			transferBufs.Put(buf)
-			return err
-		}
+		b := req.appendTo((*buf)[:0])
 		sent, err := c.transfers.TryInvoke(ctx, method, b, resp)
 		if cap(b) <= maxKeptTransferBuf {
 			*buf = b

@@ -17,7 +17,7 @@ import (
 // transferRequest is one request of a transfer.
 type transferRequest interface {
 	// appendTo appends the request, encoded, to b.
-	appendTo(b []byte) ([]byte, error)
+	appendTo(b []byte) []byte
 	// message is the request as a message, for the gRPC channel, and
 	// what to call once the call has returned.
 	message() (m proto.Message, release func())
@@ -46,7 +46,7 @@ const (
 	dataRegionBases protowire.Number = 5
 )
 
-func (r dataRequest) appendTo(b []byte) ([]byte, error) {
+func (r dataRequest) appendTo(b []byte) []byte {
 	for _, k := range r.keys {
 		b = protowire.AppendTag(b, dataKeys, protowire.BytesType)
 		b = protowire.AppendString(b, k)
@@ -56,7 +56,7 @@ func (r dataRequest) appendTo(b []byte) ([]byte, error) {
 		b = protowire.AppendString(b, r.clientID)
 	}
 	if len(r.segs) == 0 { // proto3's empty repeated fields: not sent
-		return b, nil
+		return b
 	}
 	// The varints, a thousand for 256 keys, are most of the time: the
 	// standard library's append inlines, protowire's does not.
@@ -79,7 +79,7 @@ func (r dataRequest) appendTo(b []byte) ([]byte, error) {
 	for i := range r.segs {
 		b = binary.AppendUvarint(b, r.segs[i].RegionBase)
 	}
-	return b, nil
+	return b
 }
 
 // packedHeader appends the tag and length of a packed field of n bytes.
@@ -129,7 +129,7 @@ const (
 	rangedObjectSizes   protowire.Number = 8
 )
 
-func (r rangedRequest) appendTo(b []byte) ([]byte, error) {
+func (r rangedRequest) appendTo(b []byte) []byte {
 	for i := range r.objs {
 		b = protowire.AppendTag(b, rangedKeys, protowire.BytesType)
 		b = protowire.AppendString(b, r.objs[i].Key)
@@ -139,7 +139,7 @@ func (r rangedRequest) appendTo(b []byte) ([]byte, error) {
 		b = protowire.AppendString(b, r.clientID)
 	}
 	if len(r.objs) == 0 {
-		return b, nil
+		return b
 	}
 	n := 0
 	for i := range r.objs {
@@ -160,7 +160,7 @@ func (r rangedRequest) appendTo(b []byte) ([]byte, error) {
 			b = binary.AppendUvarint(b, r.objs[i].Size)
 		}
 	}
-	return b, nil
+	return b
 }
 
 // appendRanges appends the four fields of one value a range (4 to 7),

@@ -160,17 +160,7 @@ func TestStoreOutageIsOneFault(t *testing.T) {
 		t.Fatalf("a probe while the store is out: %v", err)
 	}
 	m.RestoreStore()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, err := lookup(s, 5*time.Second)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, replicaset.ErrStoreUnavailable) || time.Now().After(deadline) {
-			t.Fatalf("after the store came back: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond) // the store check's own pace
-	}
+	answeredAgain(t, s)
 	if m.Calls("BatchLookup") == before {
 		t.Fatal("no call reached a replica after the store came back")
 	}
@@ -199,11 +189,19 @@ func TestUnheardStoreCheckSaysNothing(t *testing.T) {
 		t.Fatalf("after checks that heard nothing: %v, want ErrStoreNotAsked", err)
 	}
 	m.RestoreStore()
+	answeredAgain(t, s)
+}
+
+// answeredAgain waits, up to 10 s, for a lookup to be answered once the
+// store came back: calls answer ErrStoreUnavailable until a check of the
+// store, made at its own pace, hears it. Each try is a call, not a wait.
+func answeredAgain(t *testing.T, s *replicaset.Set) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		_, err := lookup(s, 5*time.Second)
 		if err == nil {
-			break
+			return
 		}
 		if !errors.Is(err, replicaset.ErrStoreUnavailable) || time.Now().After(deadline) {
 			t.Fatalf("after the store came back: %v", err)
