@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"sync/atomic"
 	"syscall"
@@ -27,8 +28,9 @@ import (
 // connection.
 type conn struct {
 	client  *Client
-	raw     net.Conn // as dialled: closing it, or a past deadline, wakes the call
-	nc      net.Conn // raw, or the secured connection over it
+	raw     net.Conn  // as dialled: closing it, or a past deadline, wakes the call
+	nc      net.Conn  // raw, or the secured connection over it
+	w       io.Writer // nc, or raw's sockIO when nc is raw
 	br      *bufio.Reader
 	fr      *http2.Framer // reads br; writes frames into out
 	out     appendBuf     // frames to write: control frames, then the request
@@ -140,7 +142,14 @@ func newConn(c *Client, raw, nc net.Conn) *conn {
 		peerInitWindow: defaultWindow,
 		sendWin:        defaultWindow,
 	}
-	cc.br = bufio.NewReaderSize(nc, readBufSize)
+	var r io.Reader = nc
+	cc.w = nc
+	if nc == raw {
+		if s := newSockIO(raw); s != nil {
+			r, cc.w = s, s
+		}
+	}
+	cc.br = bufio.NewReaderSize(r, readBufSize)
 	cc.fr = http2.NewFramer(&cc.out, cc.br)
 	cc.fr.SetMaxReadFrameSize(maxReadFrame)
 	cc.henc = hpack.NewEncoder(&cc.hblk)

@@ -185,7 +185,7 @@ func (cc *conn) flush() error {
 	if len(cc.out.b) == 0 {
 		return nil
 	}
-	_, err := cc.nc.Write(cc.out.b)
+	_, err := cc.w.Write(cc.out.b)
 	cc.out.b = cc.out.b[:0]
 	if err != nil {
 		return transportFailure(err, "connection error: write")
