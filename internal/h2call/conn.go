@@ -144,10 +144,10 @@ func newConn(c *Client, raw, nc net.Conn) *conn {
 	}
 	var r io.Reader = nc
 	cc.w = nc
-	if nc == raw {
-		if s := newSockIO(raw); s != nil {
-			r, cc.w = s, s
-		}
+	// raw is one of the net package's pointer types when newSockIO
+	// answers: comparing it with nc cannot panic then.
+	if s := newSockIO(raw); s != nil && nc == raw {
+		r, cc.w = s, s
 	}
 	cc.br = bufio.NewReaderSize(r, readBufSize)
 	cc.fr = http2.NewFramer(&cc.out, cc.br)

@@ -5,7 +5,6 @@ import (
 	"net"
 	"os"
 	"syscall"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -27,17 +26,18 @@ type sockIO struct {
 
 	rb        []byte
 	rn        int
-	rerr      syscall.Errno
+	rerr      error
 	readOnce  func(fd uintptr) bool
 	wb        []byte
 	wn        int
-	werr      syscall.Errno
+	werr      error
 	writeSome func(fd uintptr) bool
 }
 
 // newSockIO returns c's raw reader and writer, or nil when c is not the
 // net package's own Unix or TCP connection (a connection of another type
-// may do more in its Read and Write than the socket's).
+// may do more in its Read and Write than the socket's), or its socket is
+// not non-blocking (a raw read would then block the runtime's processor).
 func newSockIO(c net.Conn) *sockIO {
 	var sc syscall.Conn
 	switch c := c.(type) {
@@ -52,6 +52,13 @@ func newSockIO(c net.Conn) *sockIO {
 	if err != nil {
 		return nil
 	}
+	nonBlocking := false
+	if err := rc.Control(func(fd uintptr) {
+		fl, err := unix.FcntlInt(fd, unix.F_GETFL, 0)
+		nonBlocking = err == nil && fl&unix.O_NONBLOCK != 0
+	}); err != nil || !nonBlocking {
+		return nil
+	}
 	s := &sockIO{rc: rc, addr: c.RemoteAddr()}
 	s.readOnce, s.writeSome = s.read, s.write
 	return s
@@ -62,15 +69,16 @@ func (s *sockIO) Read(b []byte) (int, error) {
 	if len(b) == 0 {
 		return 0, nil
 	}
-	s.rb, s.rn, s.rerr = b, 0, 0
+	s.rb, s.rn, s.rerr = b, 0, nil
 	err := s.rc.Read(s.readOnce)
-	n, errno := s.rn, s.rerr
-	s.rb = nil
+	n := s.rn
+	if err == nil {
+		err = s.rerr
+	}
+	s.rb, s.rerr = nil, nil
 	switch {
 	case err != nil:
 		return 0, s.opError("read", err)
-	case errno != 0:
-		return 0, s.opError("read", errno)
 	case n == 0:
 		return 0, io.EOF
 	}
@@ -80,16 +88,16 @@ func (s *sockIO) Read(b []byte) (int, error) {
 // read is one read of the socket into rb; false: wait until it is readable.
 func (s *sockIO) read(fd uintptr) bool {
 	for {
-		r, _, e := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&s.rb[0])), uintptr(len(s.rb)))
+		r, e := sysRead(fd, s.rb)
 		switch e {
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:
 			return false
 		case 0:
-			s.rn = int(r)
+			s.rn = r
 		default:
-			s.rerr = e
+			s.rerr = os.NewSyscallError("read", e)
 		}
 		return true
 	}
@@ -100,15 +108,15 @@ func (s *sockIO) Write(b []byte) (int, error) {
 	if len(b) == 0 {
 		return 0, nil
 	}
-	s.wb, s.wn, s.werr = b, 0, 0
+	s.wb, s.wn, s.werr = b, 0, nil
 	err := s.rc.Write(s.writeSome)
-	n, errno := s.wn, s.werr
-	s.wb = nil
-	switch {
-	case err != nil:
+	n := s.wn
+	if err == nil {
+		err = s.werr
+	}
+	s.wb, s.werr = nil, nil
+	if err != nil {
 		return n, s.opError("write", err)
-	case errno != 0:
-		return n, s.opError("write", errno)
 	}
 	return n, nil
 }
@@ -116,25 +124,35 @@ func (s *sockIO) Write(b []byte) (int, error) {
 // write writes what is left of wb; false: wait until the socket is writable.
 func (s *sockIO) write(fd uintptr) bool {
 	for s.wn < len(s.wb) {
-		r, _, e := unix.RawSyscall(unix.SYS_WRITE, fd, uintptr(unsafe.Pointer(&s.wb[s.wn])), uintptr(len(s.wb)-s.wn))
-		switch e {
-		case 0:
-			s.wn += int(r)
-		case unix.EINTR:
-		case unix.EAGAIN:
+		r, e := sysWrite(fd, s.wb[s.wn:])
+		switch {
+		case e == unix.EINTR:
+		case e == unix.EAGAIN:
 			return false
-		default:
-			s.werr = e
+		case e != 0:
+			s.werr = os.NewSyscallError("write", e)
 			return true
+		case r <= 0 || r > len(s.wb)-s.wn: // as poll.FD's Write
+			s.werr = io.ErrUnexpectedEOF
+			return true
+		default:
+			s.wn += r
 		}
 	}
 	return true
 }
 
-// opError is err as net.Conn's Read and Write return it.
+// opError is err as net.Conn's Read and Write return it: RawConn's own
+// error (the connection closed, a deadline) renamed, the others wrapped.
 func (s *sockIO) opError(op string, err error) error {
-	if errno, ok := err.(syscall.Errno); ok {
-		err = os.NewSyscallError(op, errno)
+	if oe, ok := err.(*net.OpError); ok {
+		e := *oe
+		e.Op = op
+		return &e
 	}
-	return &net.OpError{Op: op, Net: s.addr.Network(), Addr: s.addr, Err: err}
+	e := &net.OpError{Op: op, Net: "unix", Err: err}
+	if s.addr != nil {
+		e.Net, e.Addr = s.addr.Network(), s.addr
+	}
+	return e
 }

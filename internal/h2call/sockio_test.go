@@ -142,3 +142,89 @@ func TestSockIOAllocatesNothing(t *testing.T) {
 		t.Fatalf("a write and a read allocate %v objects, want 0", allocs)
 	}
 }
+
+// tcpConnected is a connected loopback TCP pair, closed when the test ends.
+func tcpConnected(t *testing.T) (client, server net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	client, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	server = <-accepted
+	if server == nil {
+		client.Close()
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { client.Close(); server.Close() })
+	return client, server
+}
+
+// TestSockIOInterruptedWhileWaiting is what a call's context does
+// (conn.interrupt): a deadline in the past set from another goroutine
+// while a write waits on a full socket, or a read on a silent peer.
+func TestSockIOInterruptedWhileWaiting(t *testing.T) {
+	for name, pair := range map[string]func(*testing.T) (net.Conn, net.Conn){"unix": connected, "tcp": tcpConnected} {
+		t.Run(name, func(t *testing.T) {
+			client, _ := pair(t)
+			s := newSockIO(client)
+			if s == nil {
+				t.Fatalf("no sockIO for %T", client)
+			}
+			interrupt := func(waiting func() (int, error)) (int, error) {
+				type result struct {
+					n   int
+					err error
+				}
+				done := make(chan result, 1)
+				go func() {
+					n, err := waiting()
+					done <- result{n, err}
+				}()
+				for {
+					// Set again until the call returns: the first may come
+					// before it waits, and a deadline is cleared by nobody.
+					client.SetDeadline(longAgo)
+					select {
+					case r := <-done:
+						client.SetDeadline(time.Time{})
+						return r.n, r.err
+					case <-time.After(10 * time.Millisecond):
+					}
+				}
+			}
+			big := make([]byte, 64<<20) // more than the socket's buffers: the peer reads nothing
+			n, err := interrupt(func() (int, error) { return s.Write(big) })
+			var ne net.Error
+			if !errors.As(err, &ne) || !ne.Timeout() || n >= len(big) {
+				t.Fatalf("interrupted Write = %d, %v; want fewer than %d bytes and a timeout", n, err, len(big))
+			}
+			if _, err := interrupt(func() (int, error) { return s.Read(make([]byte, 1)) }); !errors.As(err, &ne) || !ne.Timeout() {
+				t.Fatalf("interrupted Read: %v; want a timeout", err)
+			}
+		})
+	}
+}
+
+func TestSockIOErrorsNameTheirOp(t *testing.T) {
+	client, _ := connected(t)
+	s := newSockIO(client)
+	client.Close()
+	_, err := s.Read(make([]byte, 1))
+	var oe *net.OpError
+	if !errors.As(err, &oe) || oe.Op != "read" {
+		t.Fatalf("Read after Close: %v; want a read *net.OpError", err)
+	}
+	if errors.As(oe.Err, new(*net.OpError)) {
+		t.Fatalf("Read after Close: %v: an OpError wrapped in another", err)
+	}
+}
