@@ -41,6 +41,7 @@ import (
 	"github.com/umbp-go/umbp-go/internal/fdpass"
 	"github.com/umbp-go/umbp-go/internal/h2call"
 	"github.com/umbp-go/umbp-go/internal/rpc"
+	"github.com/umbp-go/umbp-go/internal/sockio"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
 )
 
@@ -329,12 +330,12 @@ func (c *Conn) dialGRPC(ctx context.Context, _ string) (net.Conn, error) {
 	c.peers.add(nc.(*net.UnixConn))
 	switch c.handshake.Load() {
 	case answered:
-		return nc, nil
+		return sockio.Wrap(nc), nil
 	case hungUp: // the socket hangs up on every connection: it stays so
 	default:
 		c.handshake.Store(silent)
 	}
-	return &firstRead{Conn: nc, c: c}, nil
+	return &firstRead{Conn: sockio.Wrap(nc), c: c}, nil
 }
 
 // dialLookup connects the lock-step lookups to the server Dial attached

@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/umbp-go/umbp-go/internal/sockio"
 )
 
 // conn is one HTTP/2 connection carrying one call at a time, written and
@@ -30,7 +32,7 @@ type conn struct {
 	client  *Client
 	raw     net.Conn  // as dialled: closing it, or a past deadline, wakes the call
 	nc      net.Conn  // raw, or the secured connection over it
-	w       io.Writer // nc, or raw's sockIO when nc is raw
+	w       io.Writer // nc, or raw's sockio.IO when nc is raw
 	br      *bufio.Reader
 	fr      *http2.Framer // reads br; writes frames into out
 	out     appendBuf     // frames to write: control frames, then the request
@@ -144,9 +146,10 @@ func newConn(c *Client, raw, nc net.Conn) *conn {
 	}
 	var r io.Reader = nc
 	cc.w = nc
-	// raw is one of the net package's pointer types when newSockIO
-	// answers: comparing it with nc cannot panic then.
-	if s := newSockIO(raw); s != nil && nc == raw {
+	// Read and written with raw system calls (package sockio). raw is one
+	// of the net package's pointer types when sockio.New answers:
+	// comparing it with nc cannot panic then.
+	if s := sockio.New(raw); s != nil && nc == raw {
 		r, cc.w = s, s
 	}
 	cc.br = bufio.NewReaderSize(r, readBufSize)

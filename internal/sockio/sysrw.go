@@ -1,6 +1,6 @@
 //go:build !race
 
-package h2call
+package sockio
 
 import (
 	"unsafe"
@@ -9,7 +9,7 @@ import (
 )
 
 // sysRead and sysWrite are one read and one write of a non-blocking
-// socket, as raw system calls (sockIO).
+// socket, as raw system calls (IO).
 func sysRead(fd uintptr, b []byte) (int, unix.Errno) {
 	r, _, e := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
 	return int(r), e

@@ -1,4 +1,4 @@
-package h2call
+package sockio
 
 import (
 	"bytes"
@@ -8,25 +8,42 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 )
 
 // connected is a connected Unix socket pair (a *net.UnixConn each),
 // closed when the test ends.
 func connected(t *testing.T) (client, server net.Conn) {
 	t.Helper()
-	client, server, err := socketPair()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { client.Close(); server.Close() })
-	return client, server
+	conns := make([]net.Conn, 2)
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "socketpair")
+		c, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns[i] = c
+	}
+	t.Cleanup(func() { conns[0].Close(); conns[1].Close() })
+	return conns[0], conns[1]
 }
 
-func TestSockIOMovesEveryByte(t *testing.T) {
+var longAgo = time.Unix(1, 0)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestMovesEveryByte(t *testing.T) {
 	client, server := connected(t)
-	s := newSockIO(client)
+	s := New(client)
 	if s == nil {
-		t.Fatal("no sockIO for a *net.UnixConn")
+		t.Fatal("no IO for a *net.UnixConn")
 	}
 	// More than the socket's buffers: the write waits for the reader, in
 	// pieces, and must resume where it stopped.
@@ -60,9 +77,9 @@ func TestSockIOMovesEveryByte(t *testing.T) {
 	}
 }
 
-func TestSockIOErrorsAsNetConn(t *testing.T) {
+func TestErrorsAsNetConn(t *testing.T) {
 	client, _ := connected(t)
-	s := newSockIO(client)
+	s := New(client)
 
 	// A read waiting on a silent peer ends at the deadline (how a call's
 	// context interrupts it), as a timeout.
@@ -83,9 +100,9 @@ func TestSockIOErrorsAsNetConn(t *testing.T) {
 	}
 }
 
-func TestSockIOWriteToAGonePeer(t *testing.T) {
+func TestWriteToAGonePeer(t *testing.T) {
 	client, server := connected(t)
-	s := newSockIO(client)
+	s := New(client)
 	server.Close()
 	var err error
 	for range 100 { // the first writes may still be buffered
@@ -107,22 +124,22 @@ type wrapped struct {
 
 func (w *wrapped) Read(b []byte) (int, error) { w.reads++; return w.UnixConn.Read(b) }
 
-func TestSockIOOnlyForTheNetPackagesConns(t *testing.T) {
+func TestOnlyForTheNetPackagesConns(t *testing.T) {
 	client, _ := connected(t)
-	if s := newSockIO(&wrapped{UnixConn: client.(*net.UnixConn)}); s != nil {
+	if s := New(&wrapped{UnixConn: client.(*net.UnixConn)}); s != nil {
 		t.Fatal("a wrapping connection's Read would be bypassed")
 	}
 	a, b := net.Pipe()
 	defer a.Close()
 	defer b.Close()
-	if s := newSockIO(a); s != nil {
-		t.Fatal("sockIO for a net.Pipe")
+	if s := New(a); s != nil {
+		t.Fatal("an IO for a net.Pipe")
 	}
 }
 
-func TestSockIOAllocatesNothing(t *testing.T) {
+func TestAllocatesNothing(t *testing.T) {
 	client, server := connected(t)
-	s := newSockIO(client)
+	s := New(client)
 	msg, buf := []byte("0123456789"), make([]byte, 10)
 	allocs := testing.AllocsPerRun(100, func() {
 		if _, err := s.Write(msg); err != nil {
@@ -169,16 +186,16 @@ func tcpConnected(t *testing.T) (client, server net.Conn) {
 	return client, server
 }
 
-// TestSockIOInterruptedWhileWaiting is what a call's context does
+// TestInterruptedWhileWaiting is what a call's context does
 // (conn.interrupt): a deadline in the past set from another goroutine
 // while a write waits on a full socket, or a read on a silent peer.
-func TestSockIOInterruptedWhileWaiting(t *testing.T) {
+func TestInterruptedWhileWaiting(t *testing.T) {
 	for name, pair := range map[string]func(*testing.T) (net.Conn, net.Conn){"unix": connected, "tcp": tcpConnected} {
 		t.Run(name, func(t *testing.T) {
 			client, _ := pair(t)
-			s := newSockIO(client)
+			s := New(client)
 			if s == nil {
-				t.Fatalf("no sockIO for %T", client)
+				t.Fatalf("no IO for %T", client)
 			}
 			interrupt := func(waiting func() (int, error)) (int, error) {
 				type result struct {
@@ -215,9 +232,9 @@ func TestSockIOInterruptedWhileWaiting(t *testing.T) {
 	}
 }
 
-func TestSockIOErrorsNameTheirOp(t *testing.T) {
+func TestErrorsNameTheirOp(t *testing.T) {
 	client, _ := connected(t)
-	s := newSockIO(client)
+	s := New(client)
 	client.Close()
 	_, err := s.Read(make([]byte, 1))
 	var oe *net.OpError
@@ -226,5 +243,52 @@ func TestSockIOErrorsNameTheirOp(t *testing.T) {
 	}
 	if errors.As(oe.Err, new(*net.OpError)) {
 		t.Fatalf("Read after Close: %v: an OpError wrapped in another", err)
+	}
+}
+
+// TestWrap: the wrapped connection is read and written by several
+// goroutines at once, as grpc-go's transport may, and loses no byte.
+func TestWrap(t *testing.T) {
+	client, server := connected(t)
+	w := Wrap(client)
+	if _, ok := w.(*conn); !ok {
+		t.Fatalf("Wrap(%T) = %T, want the raw connection", client, w)
+	}
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	if Wrap(a) != a {
+		t.Fatal("Wrap of a net.Pipe is not the pipe itself")
+	}
+	const writers, each = 4, 1000
+	msg := []byte("0123456789abcdef")
+	done := make(chan error, writers)
+	for range writers {
+		go func() {
+			for range each {
+				if _, err := w.Write(msg); err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	got := make(chan int, 1)
+	go func() {
+		n, _ := io.Copy(io.Discard, io.LimitReader(server, writers*each*int64(len(msg))))
+		got <- int(n)
+	}()
+	for range writers {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := <-got; n != writers*each*len(msg) {
+		t.Fatalf("the peer read %d bytes, want %d", n, writers*each*len(msg))
+	}
+	go func() { server.Write(msg); server.Close() }()
+	if b, err := io.ReadAll(w); err != nil || !bytes.Equal(b, msg) {
+		t.Fatalf("ReadAll = %q, %v", b, err)
 	}
 }

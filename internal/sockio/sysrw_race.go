@@ -1,6 +1,6 @@
 //go:build race
 
-package h2call
+package sockio
 
 import (
 	"syscall"
@@ -10,7 +10,7 @@ import (
 
 // sysRead and sysWrite under the race detector: syscall's Read and Write,
 // which tell it what the kernel read and wrote (a raw system call does
-// not), with the runtime's system-call entry that sockIO otherwise skips.
+// not), with the runtime's system-call entry that IO otherwise skips.
 func sysRead(fd uintptr, b []byte) (int, unix.Errno) {
 	n, err := syscall.Read(int(fd), b)
 	return n, errnoOf(err)
