@@ -172,6 +172,10 @@ func (s *IO) opError(op string, err error) error {
 // Wrap returns c with its Read and Write made as an IO's, safe for
 // concurrent use as a net.Conn is (for a transport that reads and writes
 // from goroutines of its own, grpc-go's); c itself when New refuses it.
+// The result is no longer one of the net package's types: grpc-go then
+// reads it through a buffer of its own rather than its pooled one, shows
+// no socket options in channelz, and could not set TCP_USER_TIMEOUT on a
+// TCP connection (its keepalive; a Unix socket has none).
 func Wrap(c net.Conn) net.Conn {
 	s := New(c)
 	if s == nil {

@@ -246,13 +246,14 @@ func TestErrorsNameTheirOp(t *testing.T) {
 	}
 }
 
-// TestWrap: the wrapped connection is read and written by several
-// goroutines at once, as grpc-go's transport may, and loses no byte.
+// TestWrap: the wrapped connection is written by several goroutines at
+// once, as grpc-go's transport may, each write whole; and a read waiting
+// on it is ended by Close, which takes none of its locks.
 func TestWrap(t *testing.T) {
 	client, server := connected(t)
 	w := Wrap(client)
 	if _, ok := w.(*conn); !ok {
-		t.Fatalf("Wrap(%T) = %T, want the raw connection", client, w)
+		t.Fatalf("Wrap(%T) = %T, want the connection read through an IO", client, w)
 	}
 	a, b := net.Pipe()
 	defer a.Close()
@@ -260,10 +261,13 @@ func TestWrap(t *testing.T) {
 	if Wrap(a) != a {
 		t.Fatal("Wrap of a net.Pipe is not the pipe itself")
 	}
-	const writers, each = 4, 1000
-	msg := []byte("0123456789abcdef")
+
+	// Each writer its own 64 KiB message (more than one write of the
+	// socket): a write cut by another's would show in the stream.
+	const writers, each, size = 4, 50, 64 << 10
 	done := make(chan error, writers)
-	for range writers {
+	for g := range writers {
+		msg := bytes.Repeat([]byte{byte('a' + g)}, size)
 		go func() {
 			for range each {
 				if _, err := w.Write(msg); err != nil {
@@ -274,21 +278,39 @@ func TestWrap(t *testing.T) {
 			done <- nil
 		}()
 	}
-	got := make(chan int, 1)
+	got := make(chan error, 1)
 	go func() {
-		n, _ := io.Copy(io.Discard, io.LimitReader(server, writers*each*int64(len(msg))))
-		got <- int(n)
+		buf := make([]byte, size)
+		for range writers * each {
+			if _, err := io.ReadFull(server, buf); err != nil {
+				got <- err
+				return
+			}
+			if bytes.Count(buf, buf[:1]) != size {
+				got <- errors.New("a message interleaved with another")
+				return
+			}
+		}
+		got <- nil
 	}()
 	for range writers {
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n := <-got; n != writers*each*len(msg) {
-		t.Fatalf("the peer read %d bytes, want %d", n, writers*each*len(msg))
+	if err := <-got; err != nil {
+		t.Fatal(err)
 	}
-	go func() { server.Write(msg); server.Close() }()
-	if b, err := io.ReadAll(w); err != nil || !bytes.Equal(b, msg) {
-		t.Fatalf("ReadAll = %q, %v", b, err)
+
+	// A read waiting on a silent peer, holding the read lock, ends when
+	// the connection is closed (or fails at once, closed before it began).
+	read := make(chan error, 1)
+	go func() {
+		_, err := w.Read(make([]byte, 1))
+		read <- err
+	}()
+	w.Close()
+	if err := <-read; !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("a read ended by Close: %v; want net.ErrClosed", err)
 	}
 }
