@@ -25,8 +25,9 @@ import (
 // at a time (Wrap's connection takes any number): each keeps its buffer
 // and its result in the IO, so that a read or a write allocates nothing.
 type IO struct {
-	addr net.Addr // for errors
-	r, w half
+	network string   // "unix" or "tcp", for errors
+	addr    net.Addr // the peer, for errors; nil if unknown
+	r, w    half
 }
 
 // half is one direction of an IO: the buffer of the read or write in
@@ -63,11 +64,12 @@ func (h *half) run(b []byte) (int, error) {
 // not non-blocking (a raw read would then block the runtime's processor).
 func New(c net.Conn) *IO {
 	var sc syscall.Conn
+	var network string
 	switch c := c.(type) {
 	case *net.UnixConn:
-		sc = c
+		sc, network = c, "unix"
 	case *net.TCPConn:
-		sc = c
+		sc, network = c, "tcp"
 	default:
 		return nil
 	}
@@ -82,7 +84,7 @@ func New(c net.Conn) *IO {
 	}); err != nil || !nonBlocking {
 		return nil
 	}
-	s := &IO{addr: c.RemoteAddr()}
+	s := &IO{network: network, addr: c.RemoteAddr()}
 	s.r = half{wait: rc.Read, once: s.read}
 	s.w = half{wait: rc.Write, once: s.write}
 	return s
@@ -162,9 +164,9 @@ func (s *IO) opError(op string, err error) error {
 		e.Op = op
 		return &e
 	}
-	e := &net.OpError{Op: op, Net: "unix", Err: err}
+	e := &net.OpError{Op: op, Net: s.network, Err: err}
 	if s.addr != nil {
-		e.Net, e.Addr = s.addr.Network(), s.addr
+		e.Addr = s.addr
 	}
 	return e
 }
