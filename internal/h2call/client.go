@@ -337,6 +337,22 @@ func (c *Client) isClosed() bool {
 
 // get returns a connection for one call: an idle one, or a new one.
 func (c *Client) get(ctx context.Context) (*conn, error) {
+	if cc, err := c.getIdle(); cc != nil || err != nil {
+		return cc, err
+	}
+	c.mu.Lock()
+	if err := c.dialErr; err != nil && time.Now().Before(c.retryAt) {
+		c.mu.Unlock()
+		return nil, err
+	}
+	c.mu.Unlock()
+	return c.connect(ctx)
+}
+
+// getIdle returns an idle connection that can carry a call, or none (nil,
+// nil) when there is none; it never dials. Once the client is closed it
+// fails.
+func (c *Client) getIdle() (*conn, error) {
 	for {
 		c.mu.Lock()
 		if c.closed {
@@ -345,7 +361,8 @@ func (c *Client) get(ctx context.Context) (*conn, error) {
 		}
 		n := len(c.idle)
 		if n == 0 {
-			break
+			c.mu.Unlock()
+			return nil, nil
 		}
 		cc := c.idle[n-1]
 		c.idle[n-1] = nil
@@ -357,12 +374,6 @@ func (c *Client) get(ctx context.Context) (*conn, error) {
 		}
 		return cc, nil
 	}
-	if err := c.dialErr; err != nil && time.Now().Before(c.retryAt) {
-		c.mu.Unlock()
-		return nil, err
-	}
-	c.mu.Unlock()
-	return c.connect(ctx)
 }
 
 // put takes back a connection after its call.

@@ -30,9 +30,10 @@ import (
 // connection.
 type conn struct {
 	client  *Client
-	raw     net.Conn  // as dialled: closing it, or a past deadline, wakes the call
-	nc      net.Conn  // raw, or the secured connection over it
-	w       io.Writer // nc, or raw's sockio.IO when nc is raw
+	raw     net.Conn   // as dialled: closing it, or a past deadline, wakes the call
+	nc      net.Conn   // raw, or the secured connection over it
+	w       io.Writer  // nc, or raw's sockio.IO when nc is raw
+	sock    *sockio.IO // raw's, when nc is raw and sockio reads and writes it
 	br      *bufio.Reader
 	fr      *http2.Framer // reads br; writes frames into out
 	out     appendBuf     // frames to write: control frames, then the request
@@ -48,6 +49,12 @@ type conn struct {
 	remote, local net.Addr
 	closed        atomic.Bool
 	lastUsed      time.Time
+
+	// A Call's run that may pause (call.go): resumable while it runs, and
+	// pausing once its Pause has set the connection's deadline, so that a
+	// read or write that times out pauses the call instead of failing it.
+	resumable bool
+	pausing   atomic.Bool
 
 	// The connection's state.
 	broken         bool   // not to be used again
@@ -76,6 +83,8 @@ type stream struct {
 	sendWin     int64
 	recvAvail   int64  // the window granted and not yet used
 	recvUnacked uint32 // bytes received and not yet granted back
+	sent        int    // bytes of the message (with its prefix) appended to out
+	sendDone    bool   // send has returned: the request is out, or needs no more
 	endSent     bool   // our END_STREAM was written
 	headers     bool   // the response headers arrived
 	done        bool   // the server ended the stream (or reset it)
@@ -150,7 +159,7 @@ func newConn(c *Client, raw, nc net.Conn) *conn {
 	// of the net package's pointer types when sockio.New answers:
 	// comparing it with nc cannot panic then.
 	if s := sockio.New(raw); s != nil && nc == raw {
-		r, cc.w = s, s
+		r, cc.w, cc.sock = s, s, s
 	}
 	cc.br = bufio.NewReaderSize(r, readBufSize)
 	cc.fr = http2.NewFramer(&cc.out, cc.br)
@@ -289,6 +298,13 @@ func (cc *conn) call(ctx context.Context, method string, req []byte, resp proto.
 		// The context ended: the connection's deadline is past.
 		cc.broken = true
 	}
+	return cc.outcome(ctx, err)
+}
+
+// outcome is a call's answer once its exchange has returned err.
+// unprocessed reports a call the server did not process (refused, or never
+// fully sent): it may be sent again on another connection.
+func (cc *conn) outcome(ctx context.Context, err error) (_ error, unprocessed bool) {
 	if err == nil {
 		return nil, false
 	}
@@ -314,6 +330,15 @@ func isTransport(err error) bool {
 
 // exchange writes the request and reads the answer to its end.
 func (cc *conn) exchange(ctx context.Context, method string, req []byte, resp proto.Message) error {
+	if err := cc.begin(ctx, method, resp); err != nil {
+		return err
+	}
+	return cc.proceed(req)
+}
+
+// begin opens the call's stream and encodes its header block; nothing is
+// written yet.
+func (cc *conn) begin(ctx context.Context, method string, resp proto.Message) error {
 	id := cc.nextID
 	cc.nextID += 2
 	cc.st = stream{
@@ -326,21 +351,19 @@ func (cc *conn) exchange(ctx context.Context, method string, req []byte, resp pr
 	}
 	// Control frames due (acks, windows, a reset) go first.
 	cc.appendControl()
-	if err := cc.writeHeaders(ctx, method); err != nil {
-		return err
-	}
-	if err := cc.send(req); err != nil {
-		return err
-	}
-	if sh := cc.client.sh; sh != nil && cc.st.endSent {
-		sh.HandleRPC(ctx, &stats.OutPayload{
-			Client:           true,
-			Payload:          req,
-			Length:           len(req),
-			CompressedLength: len(req),
-			WireLength:       len(req) + 5,
-			SentTime:         time.Now(),
-		})
+	return cc.writeHeaders(ctx, method)
+}
+
+// proceed writes the request, or the rest of it, and reads the answer to
+// its end. A call paused (errPaused) goes on from where it stopped when
+// proceed is called again.
+func (cc *conn) proceed(req []byte) error {
+	if !cc.st.sendDone {
+		if err := cc.send(req); err != nil {
+			return err
+		}
+		cc.st.sendDone = true
+		cc.outPayload(req)
 	}
 	for !cc.st.done {
 		if err := cc.step(); err != nil {
@@ -349,6 +372,20 @@ func (cc *conn) exchange(ctx context.Context, method string, req []byte, resp pr
 	}
 	cc.finishBuffers()
 	return cc.st.err
+}
+
+// outPayload tells the stats handler of the request sent.
+func (cc *conn) outPayload(req []byte) {
+	if sh := cc.client.sh; sh != nil && cc.st.endSent {
+		sh.HandleRPC(cc.st.ctx, &stats.OutPayload{
+			Client:           true,
+			Payload:          req,
+			Length:           len(req),
+			CompressedLength: len(req),
+			WireLength:       len(req) + 5,
+			SentTime:         time.Now(),
+		})
+	}
 }
 
 // finishBuffers drops a large buffer once its call is over.

@@ -25,6 +25,11 @@ import (
 // blocks; the payload is read into the connection's buffer and parsed
 // here, as the framer would, without allocating a frame.
 func (cc *conn) step() error {
+	if cc.resumable {
+		if err := cc.fill(); err != nil {
+			return err
+		}
+	}
 	fh, err := cc.fr.ReadFrameHeader()
 	if err != nil {
 		return cc.readError(err)
@@ -87,6 +92,24 @@ func (cc *conn) step() error {
 		return connError("PUSH_PROMISE, with push disabled")
 	}
 	return nil // an unknown frame type is ignored
+}
+
+// fill reads until the next frame is whole in the read buffer, for a call
+// that may pause: a read that a pause interrupts then leaves every byte
+// read so far in the buffer (errPaused), and the frame is read once it is
+// whole, from the buffer alone. Any other failure is left to the framer's
+// read, which meets it again and reports it as it does for any call.
+func (cc *conn) fill() error {
+	h, err := cc.br.Peek(9)
+	if err == nil {
+		if n := 9 + (int(h[0])<<16 | int(h[1])<<8 | int(h[2])); n <= cc.br.Size() {
+			_, err = cc.br.Peek(n)
+		} // a larger frame is one the framer refuses
+	}
+	if err != nil && cc.paused(err) {
+		return errPaused
+	}
+	return nil
 }
 
 // connError is a violation of the protocol that breaks the connection: the

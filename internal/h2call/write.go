@@ -94,7 +94,8 @@ func (cc *conn) writeHeaders(ctx context.Context, method string) error {
 func (cc *conn) send(req []byte) error {
 	st := &cc.st
 	total := 5 + len(req)
-	for off := 0; off < total && !st.done; {
+	for st.sent < total && !st.done {
+		off := st.sent
 		avail := min(cc.sendWin, st.sendWin)
 		if avail <= 0 {
 			if err := cc.flush(); err != nil {
@@ -109,7 +110,7 @@ func (cc *conn) send(req []byte) error {
 		cc.appendData(req, off, n, off+n == total)
 		cc.sendWin -= int64(n)
 		st.sendWin -= int64(n)
-		off += n
+		st.sent += n
 	}
 	if st.done {
 		// Answered before the whole request went out: what is unsent
@@ -185,7 +186,12 @@ func (cc *conn) flush() error {
 	if len(cc.out.b) == 0 {
 		return nil
 	}
-	_, err := cc.w.Write(cc.out.b)
+	n, err := cc.w.Write(cc.out.b)
+	if err != nil && cc.paused(err) {
+		// What did not go out goes first when the call goes on.
+		cc.out.b = cc.out.b[:copy(cc.out.b, cc.out.b[n:])]
+		return errPaused
+	}
 	cc.out.b = cc.out.b[:0]
 	if err != nil {
 		return transportFailure(err, "connection error: write")
