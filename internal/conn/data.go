@@ -64,28 +64,13 @@ func (c *Conn) batchData(ctx context.Context, op string, keys []string, segs []S
 	if err := c.usable(op); err != nil {
 		return make([]bool, n), failAll(n, err)
 	}
-	if len(segs) != n {
-		return make([]bool, n), failAll(n, rpc.Invalid(op, "%d keys but %d segments", n, len(segs)))
-	}
-	fixed := fixedCost(len(c.clientID), 3)
-	bound := fixed // a request far below the limit is one span
-	for _, k := range keys {
-		bound += rpc.BytesField(len(k)) + 3*binary.MaxVarintLen64
-	}
-	if n == 0 {
+	if n == 0 && len(segs) == 0 {
 		return []bool{}, nil
 	}
-	one := [1]rpc.Span{{Start: 0, End: n}}
-	spans := one[:]
-	if bound > maxRequestBytes {
-		var err error
-		spans, err = rpc.Cutter{Op: op, Fixed: fixed, Limit: maxRequestBytes}.Cut(n, func(i int) rpc.Cost {
-			s := segs[i]
-			return rpc.Cost{Wire: rpc.BytesField(len(keys[i])) + varint(s.Offset) + varint(s.Size) + varint(s.RegionBase)}
-		})
-		if err != nil {
-			return make([]bool, n), failAll(n, err)
-		}
+	var one [1]rpc.Span
+	spans, err := dataSpans(op, len(c.clientID), keys, segs, &one)
+	if err != nil {
+		return make([]bool, n), failAll(n, err)
 	}
 	return c.run(ctx, op, n, spans, 1, func(ctx context.Context, s rpc.Span) ([]bool, error) {
 		req := dataRequest{clientID: c.clientID, keys: keys[s.Start:s.End], segs: segs[s.Start:s.End]}
@@ -94,6 +79,30 @@ func (c *Conn) batchData(ctx context.Context, op string, keys []string, segs []S
 			return nil, c.rpcError(ctx, op, err)
 		}
 		return resp.GetOk(), nil
+	})
+}
+
+// dataSpans cuts a BatchPut's or BatchGet's keys (at segs) into requests;
+// a batch far below the message limit is one, one[0], without sizing each
+// entry. It fails for mismatched lengths, and for an entry that cannot fit
+// a request.
+func dataSpans(op string, clientID int, keys []string, segs []Segment, one *[1]rpc.Span) ([]rpc.Span, error) {
+	n := len(keys)
+	if len(segs) != n {
+		return nil, rpc.Invalid(op, "%d keys but %d segments", n, len(segs))
+	}
+	fixed := fixedCost(clientID, 3)
+	bound := fixed // a request far below the limit is one span
+	for _, k := range keys {
+		bound += rpc.BytesField(len(k)) + 3*binary.MaxVarintLen64
+	}
+	if bound <= maxRequestBytes {
+		one[0] = rpc.Span{Start: 0, End: n}
+		return one[:], nil
+	}
+	return rpc.Cutter{Op: op, Fixed: fixed, Limit: maxRequestBytes}.Cut(n, func(i int) rpc.Cost {
+		s := segs[i]
+		return rpc.Cost{Wire: rpc.BytesField(len(keys[i])) + varint(s.Offset) + varint(s.Size) + varint(s.RegionBase)}
 	})
 }
 
@@ -123,18 +132,27 @@ func (c *Conn) batchRanges(ctx context.Context, op string, objs []Object, put bo
 	if err := c.usable(op); err != nil {
 		return make([]bool, n), failAll(n, err)
 	}
-	total := 0
-	for _, o := range objs {
-		total += len(o.Ranges)
-	}
 	if n == 0 {
 		return []bool{}, nil
+	}
+	spans, total, err := rangedSpans(op, len(c.clientID), objs, put)
+	if err != nil {
+		return make([]bool, n), failAll(n, err)
+	}
+	return c.run(ctx, op, n, spans, partsInFlight, c.rangedCall(op, objs, total, put))
+}
+
+// rangedSpans cuts a ranged batch into parts (see BatchPutRanges), and
+// counts its ranges.
+func rangedSpans(op string, clientID int, objs []Object, put bool) (spans []rpc.Span, total int, err error) {
+	for _, o := range objs {
+		total += len(o.Ranges)
 	}
 	packed := 5 // range_counts, shm_offsets, region_bases, sizes, object_offsets
 	if put {
 		packed++ // object_sizes
 	}
-	fixed := fixedCost(len(c.clientID), packed)
+	fixed := fixedCost(clientID, packed)
 	// A request far below the message limit need not size every range's
 	// varints: parts are cut by ranges and bytes alone.
 	bound := fixed + total*4*binary.MaxVarintLen64
@@ -142,7 +160,7 @@ func (c *Conn) batchRanges(ctx context.Context, op string, objs []Object, put bo
 		bound += rpc.BytesField(len(o.Key)) + 2*binary.MaxVarintLen64
 	}
 	exact := bound > maxRequestBytes
-	spans, err := rpc.Cutter{Op: op, Fixed: fixed, Limit: maxRequestBytes, PartRanges: partRanges, PartBytes: partBytes}.Cut(n, func(i int) rpc.Cost {
+	spans, err = rpc.Cutter{Op: op, Fixed: fixed, Limit: maxRequestBytes, PartRanges: partRanges, PartBytes: partBytes}.Cut(len(objs), func(i int) rpc.Cost {
 		o := &objs[i]
 		ec := rpc.Cost{Ranges: len(o.Ranges), Bytes: o.Size}
 		if exact {
@@ -156,10 +174,7 @@ func (c *Conn) batchRanges(ctx context.Context, op string, objs []Object, put bo
 		}
 		return ec
 	})
-	if err != nil {
-		return make([]bool, n), failAll(n, err)
-	}
-	return c.run(ctx, op, n, spans, partsInFlight, c.rangedCall(op, objs, total, put))
+	return spans, total, err
 }
 
 // rangedCall returns the call that sends the span s of objs (total ranges
