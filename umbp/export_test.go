@@ -57,3 +57,25 @@ func StagingMemory(w *WorkerHandle) []Buffer {
 	}
 	return out
 }
+
+// SetWaitedRunHook makes f run each time a Wait runs a job's request on
+// its own goroutine (waited.go), until restore is called. Set it before
+// the jobs it watches are submitted, and restore it once they have ended.
+func SetWaitedRunHook(f func()) (restore func()) {
+	old := testHookWaitedRun
+	testHookWaitedRun = f
+	return func() { testHookWaitedRun = old }
+}
+
+// SetPoolClaimHook makes f run on a transfer goroutine before it claims
+// each job, until restore is called; it may hold the goroutine back, so
+// that a Wait claims the job first. Set it before the jobs it watches are
+// submitted, and restore it once they have ended.
+func SetPoolClaimHook(f func(*TransferJob)) (restore func()) {
+	var p *func(*TransferJob)
+	if f != nil {
+		p = &f
+	}
+	old := testHookPoolClaim.Swap(p)
+	return func() { testHookPoolClaim.Store(old) }
+}

@@ -76,6 +76,12 @@ type TransferJob struct {
 	// drop releases what the transfer would have released had it run (an
 	// AfterStream event); called when the job ends before it starts.
 	drop func()
+	// queued is the job's run as handed to the transfer goroutines, for a
+	// Wait to claim (waited.go); set before the job is returned.
+	queued *queuedRun
+	// pause, while a Wait runs the job (waited.go), hands it on at its
+	// deadline.
+	pause func()
 }
 
 // jobEvents is told of a job's transitions: the set of a handle's jobs in
@@ -381,13 +387,30 @@ func (j *TransferJob) streamReady() error {
 	return nil
 }
 
-// expire runs at the deadline: a job still in flight is blocked.
+// expire runs at the deadline: a job still in flight is blocked, and a
+// Wait running it hands it on.
 func (j *TransferJob) expire() {
 	j.mu.Lock()
-	defer j.mu.Unlock()
 	if j.phase == phaseInFlight && !time.Now().Before(j.deadline) {
 		j.phase = phaseBlocked
 		j.set.blockedDelta(1) // with the phase: the count never lags it
+	}
+	pause, late := j.pause, !time.Now().Before(j.deadline)
+	j.mu.Unlock()
+	if pause != nil && late {
+		pause()
+	}
+}
+
+// setPause sets (or, with nil, clears) what hands the job on at its
+// deadline while a Wait runs it; a deadline already past hands it on now.
+func (j *TransferJob) setPause(pause func()) {
+	j.mu.Lock()
+	j.pause = pause
+	late := !time.Now().Before(j.deadline)
+	j.mu.Unlock()
+	if pause != nil && late {
+		pause()
 	}
 }
 

@@ -68,6 +68,23 @@ func (s *jobSet) forget(j *TransferJob, was phase) {
 	s.mu.Unlock()
 }
 
+// alone reports whether j is the one job of the set that has not ended:
+// nothing queued or running beside it, blocked or not. (A job that has
+// ended leaves the set just after its Done.)
+func (s *jobSet) alone(j *TransferJob) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, in := s.jobs[j]; !in {
+		return false
+	}
+	for other := range s.jobs {
+		if other != j && !other.ended() {
+			return false
+		}
+	}
+	return true
+}
+
 // on returns the jobs submitted on c, or every job for a nil c.
 func (s *jobSet) on(c *conn.Conn) []*TransferJob {
 	s.mu.Lock()

@@ -129,14 +129,11 @@ func (t *jobRunner) submit(kind jobKind, plans []BlockTransferPlan, opts []Trans
 		}
 		return job // every plan failed already
 	}
+	q := &queuedRun{t: t, job: job, tr: tr, items: items, slab: slab, barrier: barrier}
+	job.queued = q
 	job.submit(c, drop)
 	t.jobs.add(job) // before it can run, and so before it can end
-	if err := t.pool.Go(func() {
-		if t.run(job, tr, items, barrier) {
-			rangeSlabs.Put(slab)                  // no item is used any more
-			itemSlabs.Put(items[:len(job.plans)]) // every item it may have written
-		}
-	}); err != nil {
+	if err := t.pool.Go(q.onPool); err != nil {
 		job.failQueued(ErrClosed)
 	}
 	return job
@@ -239,12 +236,6 @@ func (t *jobRunner) run(job *TransferJob, tr transport, items []item, barrier *s
 	if !ok {
 		return true // ended while queued; its drop released the barrier
 	}
-	detached := false
-	defer func() {
-		if !detached { // a panic included: nothing of the job's is in flight then
-			job.failRest(errInternal)
-		}
-	}()
 	if barrier != nil {
 		err := barrier.wait(deadline)
 		barrier.release()
@@ -256,8 +247,28 @@ func (t *jobRunner) run(job *TransferJob, tr transport, items []item, barrier *s
 			return true
 		}
 	}
+	return t.moveAndSettle(job, tr, items, deadline, nil)
+}
+
+// moveAndSettle moves a started job's items, unless one is given the
+// results of the move already made (moved), and settles the job with
+// them, retrying refused stores while the deadline allows. It reports
+// whether it is done with items (false while a detached job still holds
+// them).
+func (t *jobRunner) moveAndSettle(job *TransferJob, tr transport, items []item, deadline time.Time, moved *results) (done bool) {
+	detached := false
+	defer func() {
+		if !detached { // a panic included: nothing of the job's is in flight then
+			job.failRest(errInternal)
+		}
+	}()
 	ctx := context.Background()
-	r := tr.move(ctx, job.kind, items)
+	var r results
+	if moved != nil {
+		r = *moved
+	} else {
+		r = tr.move(ctx, job.kind, items)
+	}
 	t.reportFailure(job.kind, r.failure())
 	var lost error // a store retry's request in doubt
 	if !r.inDoubt() && job.kind == kindStore {

@@ -26,6 +26,15 @@ type transport interface {
 	conn() *conn.Conn
 }
 
+// starter is a transport that can begin the move of items as one
+// lock-step request (conn.Transfer) when they go as one and a transfer
+// connection is idle now, for a Wait to run on its own goroutine
+// (waited.go); start returns nil otherwise, and move moves them. Both of
+// the handle's transports are.
+type starter interface {
+	start(kind jobKind, items []item) *oneRequest
+}
+
 // newTransport returns the transport for the connection c; staging is the
 // handle's staging pool, which a server without ranged I/O needs.
 func newTransport(c *conn.Conn, staging *stagingPool) transport {
@@ -43,6 +52,30 @@ type rangedTransport struct{ c *conn.Conn }
 
 func (t rangedTransport) ranged() bool     { return true }
 func (t rangedTransport) conn() *conn.Conn { return t.c }
+
+// start: every item plain, as one BatchPut or BatchGet; or none plain, as
+// one part of BatchPutRanges or BatchGetRanges.
+func (t rangedTransport) start(kind jobKind, items []item) *oneRequest {
+	plain := 0
+	for k := range items {
+		if items[k].plain() {
+			plain++
+		}
+	}
+	switch plain {
+	case len(items):
+		return startSegments(t.c, kind, items)
+	case 0:
+		objs := make([]conn.Object, len(items))
+		for k := range items {
+			objs[k] = items[k].obj
+		}
+		if tr := t.c.StartRanges(kind == kindStore, objs); tr != nil {
+			return &oneRequest{Transfer: tr}
+		}
+	}
+	return nil
+}
 
 // flush returns at once: a server offers ranged I/O only with its SSD tier
 // off, so its Flush has nothing to finish and would cost a round trip.
@@ -97,6 +130,17 @@ type segmentTransport struct {
 
 func (t segmentTransport) ranged() bool     { return false }
 func (t segmentTransport) conn() *conn.Conn { return t.c }
+
+// start: every item of one range, as one BatchPut or BatchGet (a staged
+// item never goes so).
+func (t segmentTransport) start(kind jobKind, items []item) *oneRequest {
+	for k := range items {
+		if !items[k].single {
+			return nil
+		}
+	}
+	return startSegments(t.c, kind, items)
+}
 func (t segmentTransport) flush(ctx context.Context) error {
 	_, err := t.c.Flush(ctx)
 	return err

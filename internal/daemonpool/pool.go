@@ -196,6 +196,7 @@ func (goTask) cancel() bool { return true }
 type Pool struct {
 	name    string
 	onPanic func(error)
+	size    int
 
 	mu       sync.Mutex
 	cond     sync.Cond // signalled when the queue grows or the pool shuts down
@@ -217,13 +218,16 @@ func New(workers int, name string, onPanic func(error)) (*Pool, error) {
 	if workers <= 0 {
 		return nil, fmt.Errorf("daemonpool: pool %q: workers must be positive, got %d", name, workers)
 	}
-	p := &Pool{name: name, onPanic: onPanic, live: workers, terminated: make(chan struct{})}
+	p := &Pool{name: name, onPanic: onPanic, size: workers, live: workers, terminated: make(chan struct{})}
 	p.cond.L = &p.mu
 	for i := range workers {
 		go p.worker(i)
 	}
 	return p, nil
 }
+
+// Size is the number of goroutines the pool was started with.
+func (p *Pool) Size() int { return p.size }
 
 // Submit queues fn to run on one of p's goroutines and returns its future.
 // It never blocks. After [Pool.Shutdown] it returns an error matching

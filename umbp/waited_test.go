@@ -1,0 +1,153 @@
+package umbp_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/umbp-go/umbp-go/umbp"
+	"github.com/umbp-go/umbp-go/umbp/umbptest"
+)
+
+// waitedRuns counts the jobs whose request a Wait ran itself, until the
+// test ends; a transfer goroutine claims a job only once the job has ended
+// (or 10 s have passed), so that a Wait claims each job it waits for
+// first.
+func waitedRuns(t *testing.T) *atomic.Int64 {
+	var n atomic.Int64
+	t.Cleanup(umbp.SetWaitedRunHook(func() { n.Add(1) }))
+	t.Cleanup(umbp.SetPoolClaimHook(func(j *umbp.TransferJob) {
+		select {
+		case <-j.Done():
+		case <-time.After(10 * time.Second):
+		}
+	}))
+	return &n
+}
+
+// A Wait that finds the handle's one job still queued runs its request
+// itself, plain and ranged, stores and loads, and the bytes come back
+// whole; with one transfer goroutine it does not.
+func TestWaitRunsTheJob(t *testing.T) {
+	ran := waitedRuns(t)
+	srv := newServer(t, umbptest.Options{})
+	for _, layers := range []int{1, 3} { // one range a block (BatchPut), or ranged
+		rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+		a := newEngine(t, rt, layers, 8, 512)
+		prefix := fmt.Sprintf("l%d", layers) // the server is shared: keys of their own
+		warm := a.plans(t, prefix+"warm", 7)
+		waitJob(t, a.w, a.w.Store(warm)) // a transfer connection, idle from now on
+		ran.Store(0)
+		const rounds = 10
+		plans := a.plans(t, prefix, 0, 1, 2)
+		for i := range rounds {
+			a.fill(plans, byte(layers+i))
+			want := bytes.Clone(a.buf.Bytes())
+			round := slices.Clone(plans)
+			for k := range round {
+				round[k].Key = fmt.Sprintf("%s-%d", plans[k].Key, i)
+			}
+			if err := a.w.Wait(context.Background(), a.w.Store(round)); err != nil {
+				t.Fatal(err)
+			}
+			clear(a.buf.Bytes())
+			if err := a.w.Wait(context.Background(), a.w.Load(round)); err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range round {
+				for _, r := range p.Ranges {
+					off := int(r.BaseAddress - a.buf.Buffer().Ptr)
+					if !bytes.Equal(a.buf.Bytes()[off:off+int(r.Length)], want[off:off+int(r.Length)]) {
+						t.Fatalf("%d layers: key %s: the loaded bytes differ", layers, p.Key)
+					}
+				}
+			}
+		}
+		if n := ran.Load(); n != 2*rounds {
+			t.Fatalf("%d layers: a Wait ran %d of the %d jobs itself", layers, n, 2*rounds)
+		}
+	}
+
+	// With one transfer goroutine, transfers run one at a time: the
+	// goroutine runs every job.
+	umbp.SetPoolClaimHook(nil)
+	cfg := testConfig(t, srv.Endpoint())
+	cfg.NumWorkers = 1
+	a := newEngine(t, newRuntime(t, cfg), 1, 4, 512)
+	waitJob(t, a.w, a.w.Store(a.plans(t, "one", 0)))
+	ran.Store(0)
+	waitJob(t, a.w, a.w.Load(a.plans(t, "one", 0)))
+	if n := ran.Load(); n != 0 {
+		t.Fatalf("one transfer goroutine: a Wait ran %d jobs itself", n)
+	}
+}
+
+// A job whose request a Wait runs keeps every promise of a job: Wait
+// returns at the job's deadline (ErrBuffersInUse) or when its context
+// ends, the job stays running with its buffers in use and holds up new
+// transfers, and it completes once the server answers.
+func TestWaitedRunStalled(t *testing.T) {
+	for _, byCtx := range []bool{false, true} {
+		ran := waitedRuns(t)
+		srv := newServer(t, umbptest.Options{})
+		cfg := testConfig(t, srv.Endpoint())
+		cfg.Timeout = 300 * time.Millisecond
+		if byCtx {
+			cfg.Timeout = time.Minute
+		}
+		rt := newRuntime(t, cfg)
+		a := newEngine(t, rt, 2, 8, 256)
+		waitJob(t, a.w, a.w.Store(a.plans(t, "warm", 7)))
+		plans := a.plans(t, "s", 0, 1)
+		a.fill(plans, 3)
+
+		srv.Stall()
+		stuck := a.w.Store(plans)
+		ctx, cancel := context.WithCancel(context.Background())
+		if byCtx {
+			go func() {
+				waitCalls(t, srv, "BatchPutRanges", 2) // the warm-up's and this one's
+				cancel()
+			}()
+		}
+		start := time.Now()
+		err := a.w.Wait(ctx, stuck)
+		cancel()
+		if !errors.Is(err, umbp.ErrBuffersInUse) || byCtx != errors.Is(err, context.Canceled) {
+			t.Fatalf("byCtx %v: Wait on a stalled store = %v", byCtx, err)
+		}
+		if el := time.Since(start); !byCtx && el > cfg.Timeout+margin {
+			t.Fatalf("Wait took %v", el)
+		}
+		if n := ran.Load(); n != 1 {
+			t.Fatalf("byCtx %v: a Wait ran %d jobs itself, want the stalled one", byCtx, n)
+		}
+		if stuck.Status() != umbp.JobRunning || a.w.Poll(stuck) {
+			t.Fatalf("byCtx %v: the stalled store is %s", byCtx, stuck.Status())
+		}
+		if !byCtx {
+			if j := a.w.Store(a.plans(t, "s", 2)); !errors.Is(j.Err(), umbp.ErrNotAttempted) {
+				t.Fatalf("a store while one is blocked: %s %v", j.Status(), j.Err())
+			}
+		}
+		srv.Resume()
+		select {
+		case <-stuck.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatal("the stalled store did not end after Resume")
+		}
+		if stuck.Status() != umbp.JobCompleted {
+			t.Fatalf("byCtx %v: the stalled store ended %s: %v", byCtx, stuck.Status(), stuck.Err())
+		}
+		clear(a.buf.Bytes())
+		waitJob(t, a.w, a.w.Load(plans))
+		if a.w.Stats().Transfers.Blocked != 0 {
+			t.Fatal("a transfer still counted blocked")
+		}
+	}
+}
