@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -97,7 +98,8 @@ func (b *seenBackend) session() (lookupSource, error) {
 // RegisterBuffers and the external-KV calls on the caller's.
 func TestWhereCallsRun(t *testing.T) {
 	if whereLookups != "on the caller's own goroutine" || whereOtherCalls != "on a detached goroutine" ||
-		whereTransfers != "on the handle's detached transfer goroutines" || whereWorkerCalls != "on the caller's own goroutine" {
+		whereTransfers != "on one of the handle's detached transfer goroutines, or on the goroutine of a Wait that finds it queued as the handle's one job" ||
+		whereWorkerCalls != "on the caller's own goroutine" {
 		t.Fatal("callsites.go says something this test does not check: change the test with it")
 	}
 	dir := t.TempDir()
@@ -187,12 +189,39 @@ func TestWhereCallsRun(t *testing.T) {
 	if err := w.RegisterBuffers(ctx, map[string]Buffer{"b": buf.Buffer()}); err != nil {
 		t.Fatal(err)
 	}
-	job := w.Store([]BlockTransferPlan{{Key: "t", Ranges: []KVRange{{BaseAddress: buf.Buffer().Ptr, Length: 4096}}}})
-	if err := w.Wait(ctx, job); err != nil {
+	// The first job runs on a transfer goroutine (its Wait finds no idle
+	// transfer connection yet); the next, queued as the handle's one job
+	// when its Wait comes (the transfer goroutine held back until it has
+	// ended), on the Wait's goroutine; one nobody waits for, on a
+	// transfer goroutine.
+	plans := []BlockTransferPlan{{Key: "t", Ranges: []KVRange{{BaseAddress: buf.Buffer().Ptr, Length: 4096}}}}
+	if err := w.Wait(ctx, w.Store(plans)); err != nil {
 		t.Fatal(err)
 	}
-	if n := w.xfer.stats.submitted.Load(); n != 1 {
-		t.Errorf("%d jobs handed to the transfer goroutines, want 1", n)
+	me := goid()
+	var ranOn atomic.Uint64
+	record := func() { ranOn.Store(goid()) }
+	testHookWaitedRun.Store(&record)
+	defer testHookWaitedRun.Store(nil)
+	hold := func(j *TransferJob) { <-j.Done() }
+	testHookPoolClaim.Store(&hold)
+	job := w.Load(plans)
+	err = w.Wait(ctx, job)
+	testHookPoolClaim.Store(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id := ranOn.Load(); id != me {
+		t.Errorf("a Wait of the handle's one job queued: its request ran on goroutine %d, not the Wait's (%d)", id, me)
+	}
+	ranOn.Store(0)
+	job = w.Load(plans)
+	<-job.Done()
+	if id := ranOn.Load(); id != 0 {
+		t.Errorf("a job nobody waited for ran on goroutine %d, a Wait's", id)
+	}
+	if n := w.xfer.stats.submitted.Load(); n != 3 {
+		t.Errorf("%d jobs handed to the transfer goroutines, want 3", n)
 	}
 	// The caller's own: a call whose context is already done fails at
 	// once, which a call handed to another goroutine bounded by Timeout

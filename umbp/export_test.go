@@ -62,9 +62,8 @@ func StagingMemory(w *WorkerHandle) []Buffer {
 // its own goroutine (waited.go), until restore is called. Set it before
 // the jobs it watches are submitted, and restore it once they have ended.
 func SetWaitedRunHook(f func()) (restore func()) {
-	old := testHookWaitedRun
-	testHookWaitedRun = f
-	return func() { testHookWaitedRun = old }
+	old := testHookWaitedRun.Swap(&f)
+	return func() { testHookWaitedRun.Store(old) }
 }
 
 // SetPoolClaimHook makes f run on a transfer goroutine before it claims

@@ -28,7 +28,7 @@ import (
 
 // testHookWaitedRun, when set by a test, runs each time a Wait runs a
 // job's request itself.
-var testHookWaitedRun func()
+var testHookWaitedRun atomic.Pointer[func()]
 
 // queuedRun is a job handed to the transfer goroutines, with what running
 // it needs; claim says who runs it.
@@ -68,25 +68,40 @@ func (q *queuedRun) release() {
 // not, it runs on a transfer goroutine (or one has claimed it), and Wait
 // waits for it.
 func (q *queuedRun) runWaited(ctx context.Context) (ended bool) {
-	if q.barrier != nil || ctx.Err() != nil || q.t.pool.Size() < 2 || !q.t.jobs.alone(q.job) || !q.claimed.CompareAndSwap(false, true) {
+	t, job := q.t, q.job
+	if q.barrier != nil || ctx.Err() != nil || t.pool.Size() < 2 || !t.jobs.alone(job) {
 		return false
 	}
-	t, job := q.t, q.job
+	s, ok := q.tr.(starter)
+	if !ok {
+		return false
+	}
+	mv := s.start(job.kind, q.items) // a connection first: claimed, the job runs here
+	if mv == nil {
+		return false
+	}
+	if !q.claimed.CompareAndSwap(false, true) {
+		mv.Abort() // a transfer goroutine runs it
+		return false
+	}
 	deadline, ok := job.begin(t.timeout, false)
 	if !ok {
+		mv.Abort()
+		q.release()
 		return true // ended while queued
 	}
-	var mv *oneRequest
-	if s, ok := q.tr.(starter); ok {
-		mv = s.start(job.kind, q.items)
+	if h := testHookWaitedRun.Load(); h != nil {
+		(*h)()
 	}
-	if mv == nil {
-		q.handOn(func() bool { return t.moveAndSettle(job, q.tr, q.items, deadline, nil) })
-		return false
-	}
-	if testHookWaitedRun != nil {
-		testHookWaitedRun()
-	}
+	defer func() {
+		// As on a transfer goroutine: a panic fails what has no outcome,
+		// and does not reach the caller.
+		if v := recover(); v != nil {
+			t.log.Error("UMBP standalone transfer panicked in Wait; its job failed", "endpoint", t.address, "err", v)
+			job.failRest(errInternal)
+			ended = true
+		}
+	}()
 	job.setPause(mv.Pause)
 	stop := context.AfterFunc(ctx, mv.Pause)
 	done := mv.Run(true)
@@ -113,18 +128,15 @@ func (q *queuedRun) runWaited(ctx context.Context) (ended bool) {
 	return false
 }
 
-// handOn runs the rest of a started job on a transfer goroutine (a
-// goroutine of its own once the pool has shut down: the job's request may
-// be in flight, and must be seen to its end).
+// handOn runs the rest of a job a Wait began on a goroutine of its own:
+// not a transfer goroutine, whose queue Close drops, since the job's
+// request may be in flight and must be seen to its end.
 func (q *queuedRun) handOn(rest func() (done bool)) {
-	f := func() {
+	go func() {
 		if rest() {
 			q.release()
 		}
-	}
-	if q.t.pool.Go(f) != nil {
-		go f()
-	}
+	}()
 }
 
 // oneRequest is the move of a job's items as one lock-step request, item

@@ -15,19 +15,25 @@ import (
 )
 
 // waitedRuns counts the jobs whose request a Wait ran itself, until the
-// test ends; a transfer goroutine claims a job only once the job has ended
-// (or 10 s have passed), so that a Wait claims each job it waits for
-// first.
+// test ends.
 func waitedRuns(t *testing.T) *atomic.Int64 {
 	var n atomic.Int64
 	t.Cleanup(umbp.SetWaitedRunHook(func() { n.Add(1) }))
-	t.Cleanup(umbp.SetPoolClaimHook(func(j *umbp.TransferJob) {
+	return &n
+}
+
+// holdPool makes a transfer goroutine claim a job only once the job has
+// ended (or 10 s have passed), until release is called: a Wait that runs
+// a job claims it first. (A Wait that does not run it, for want of an
+// idle transfer connection, leaves it to the held goroutine: each handle's
+// first job is waited for before holdPool.)
+func holdPool() (release func()) {
+	return umbp.SetPoolClaimHook(func(j *umbp.TransferJob) {
 		select {
 		case <-j.Done():
 		case <-time.After(10 * time.Second):
 		}
-	}))
-	return &n
+	})
 }
 
 // A Wait that finds the handle's one job still queued runs its request
@@ -42,6 +48,8 @@ func TestWaitRunsTheJob(t *testing.T) {
 		prefix := fmt.Sprintf("l%d", layers) // the server is shared: keys of their own
 		warm := a.plans(t, prefix+"warm", 7)
 		waitJob(t, a.w, a.w.Store(warm)) // a transfer connection, idle from now on
+		release := holdPool()
+		t.Cleanup(release) // if the test stops before it releases the pool
 		ran.Store(0)
 		const rounds = 10
 		plans := a.plans(t, prefix, 0, 1, 2)
@@ -68,6 +76,7 @@ func TestWaitRunsTheJob(t *testing.T) {
 				}
 			}
 		}
+		release()
 		if n := ran.Load(); n != 2*rounds {
 			t.Fatalf("%d layers: a Wait ran %d of the %d jobs itself", layers, n, 2*rounds)
 		}
@@ -75,7 +84,6 @@ func TestWaitRunsTheJob(t *testing.T) {
 
 	// With one transfer goroutine, transfers run one at a time: the
 	// goroutine runs every job.
-	umbp.SetPoolClaimHook(nil)
 	cfg := testConfig(t, srv.Endpoint())
 	cfg.NumWorkers = 1
 	a := newEngine(t, newRuntime(t, cfg), 1, 4, 512)
@@ -94,6 +102,12 @@ func TestWaitRunsTheJob(t *testing.T) {
 func TestWaitedRunStalled(t *testing.T) {
 	for _, byCtx := range []bool{false, true} {
 		ran := waitedRuns(t)
+		cancelWhenSeen := func(srv *umbptest.Server, method string, n int, cancel func()) {
+			for deadline := time.Now().Add(10 * time.Second); srv.Calls(method) < n && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
+			cancel()
+		}
 		srv := newServer(t, umbptest.Options{})
 		cfg := testConfig(t, srv.Endpoint())
 		cfg.Timeout = 300 * time.Millisecond
@@ -103,6 +117,8 @@ func TestWaitedRunStalled(t *testing.T) {
 		rt := newRuntime(t, cfg)
 		a := newEngine(t, rt, 2, 8, 256)
 		waitJob(t, a.w, a.w.Store(a.plans(t, "warm", 7)))
+		release := holdPool()
+		t.Cleanup(release) // if the test stops before it releases the pool
 		plans := a.plans(t, "s", 0, 1)
 		a.fill(plans, 3)
 
@@ -110,10 +126,7 @@ func TestWaitedRunStalled(t *testing.T) {
 		stuck := a.w.Store(plans)
 		ctx, cancel := context.WithCancel(context.Background())
 		if byCtx {
-			go func() {
-				waitCalls(t, srv, "BatchPutRanges", 2) // the warm-up's and this one's
-				cancel()
-			}()
+			go cancelWhenSeen(srv, "BatchPutRanges", 2, cancel) // the warm-up's and this one's
 		}
 		start := time.Now()
 		err := a.w.Wait(ctx, stuck)
@@ -141,6 +154,7 @@ func TestWaitedRunStalled(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("the stalled store did not end after Resume")
 		}
+		release()
 		if stuck.Status() != umbp.JobCompleted {
 			t.Fatalf("byCtx %v: the stalled store ended %s: %v", byCtx, stuck.Status(), stuck.Err())
 		}
@@ -149,5 +163,41 @@ func TestWaitedRunStalled(t *testing.T) {
 		if a.w.Stats().Transfers.Blocked != 0 {
 			t.Fatal("a transfer still counted blocked")
 		}
+	}
+}
+
+// Close while the rest of a job a Wait began goes on elsewhere: Close
+// says its buffers are abandoned to the server, and the job still ends
+// once the server answers.
+func TestWaitedRunClosed(t *testing.T) {
+	ran := waitedRuns(t)
+	srv := newServer(t, umbptest.Options{})
+	cfg := testConfig(t, srv.Endpoint())
+	cfg.Timeout = 500 * time.Millisecond // Close waits for the store until then
+	cfg.NumWorkers = 2
+	rt := newRuntime(t, cfg)
+	a := newEngine(t, rt, 1, 8, 256)
+	waitJob(t, a.w, a.w.Store(a.plans(t, "warm", 7)))
+	t.Cleanup(holdPool())
+	srv.Stall()
+	stuck := a.w.Store(a.plans(t, "c", 0))
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		for deadline := time.Now().Add(10 * time.Second); srv.Calls("BatchPut") < 2 && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
+		cancel()
+	}()
+	if err := a.w.Wait(ctx, stuck); !errors.Is(err, umbp.ErrBuffersInUse) || ran.Load() != 1 {
+		t.Fatalf("Wait = %v, its request run by the Wait %d times", err, ran.Load())
+	}
+	if err := a.w.Close(); !errors.Is(err, umbp.ErrBuffersAbandoned) {
+		t.Fatalf("Close with a store in flight = %v", err)
+	}
+	srv.Resume()
+	select {
+	case <-stuck.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the store did not end after Resume: %s", stuck.Status())
 	}
 }

@@ -3,6 +3,7 @@ package conn
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/umbp-go/umbp-go/internal/h2call"
 	"github.com/umbp-go/umbp-go/internal/rpc"
@@ -27,6 +28,7 @@ type Transfer struct {
 	req    transferRequest
 	buf    *[]byte // the encoded request, until the call has ended
 	call   *h2call.Call
+	ran    bool // Run or Abort was called
 	grpc   bool // the lock-step call was not sent: the gRPC channel's turn
 	resp   umbppb.BatchBoolResponse
 	ended  bool
@@ -90,6 +92,7 @@ func (t *Transfer) Run(mayPause bool) bool {
 	if t.ended {
 		return true
 	}
+	t.ran = true
 	if !t.grpc {
 		if !t.call.Run(mayPause) {
 			return false
@@ -126,6 +129,19 @@ func (t *Transfer) release() {
 		transferBufs.Put(t.buf)
 	}
 	t.buf = nil
+}
+
+// Abort ends a transfer no Run has been made for, having sent nothing
+// (its Result fails every entry as not sent), and gives its connection
+// back.
+func (t *Transfer) Abort() {
+	if t.ran {
+		return
+	}
+	t.ran = true
+	t.call.Abort()
+	t.release()
+	t.err, t.ended = fmt.Errorf("%s: %w: aborted before it was sent", t.op, rpc.ErrNotSent), true
 }
 
 // Pause makes the Run in progress, if it may pause, return early; see

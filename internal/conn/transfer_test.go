@@ -95,6 +95,26 @@ func TestTransferMoves(t *testing.T) {
 	}
 	got, err = joined(tr.Result())
 	wantBools(t, "the paused get", got, err, true, true)
+
+	// Aborted before it ran: nothing sent, every key failed as not sent,
+	// the connection given back for the next.
+	tr = c.StartBatch(true, []string{"aborted"}, segs[:1])
+	tr.Abort()
+	tr.Abort()
+	if !tr.Run(true) {
+		t.Fatal("an aborted transfer has not ended")
+	}
+	if got, err := joined(tr.Result()); !errors.Is(err, rpc.ErrNotSent) || got[0] {
+		t.Fatalf("the aborted transfer: %v, %v", got, err)
+	}
+	if tr = c.StartBatch(false, keys[:1], back[:1]); tr == nil {
+		t.Fatal("StartBatch after an abort: nil (the connection was not given back)")
+	}
+	got, err = runTransfer(t, tr)
+	wantBools(t, "the get after an abort", got, err, true)
+	if got, _ := joined(c.BatchExists(context.Background(), []string{"aborted"})); got[0] {
+		t.Fatal("the aborted store reached the server")
+	}
 }
 
 // StartBatch and StartRanges begin nothing for what BatchPut and its

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -123,6 +124,19 @@ func (k *Call) Run(mayPause bool) bool {
 	}
 	k.finish(err)
 	return true
+}
+
+// Abort gives back the connection of a call no Run has been made for
+// (and is not being made: Abort is one of the calls' own, as Run is),
+// having sent nothing; the call has then ended with an error matching
+// ErrNotSent. A call a Run was made for is left as it is.
+func (k *Call) Abort() {
+	if k.begun || k.ended || k.again {
+		return
+	}
+	k.c.put(k.cc)
+	k.cc = nil
+	k.finish(&notSentError{failure(codes.Canceled, nil, "the call was aborted before it was sent")})
 }
 
 // first makes the first attempt on the connection TryStart took, or goes

@@ -3,12 +3,15 @@ package h2call
 import (
 	"bytes"
 	"context"
+	"io"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/net/http2"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/stats"
 	"google.golang.org/protobuf/proto"
@@ -161,6 +164,7 @@ func TestCallPausedWhileReading(t *testing.T) {
 	if _, err := sc.c.Write(b[:cut]); err != nil {
 		t.Fatal(err)
 	}
+	readByPeer(t, sc) // the half is in the client's buffer: it waits for the rest
 	k.Pause()
 	if ran(t, ch) {
 		t.Fatalf("Run ended (err %v) though its answer is half sent", k.Err())
@@ -185,9 +189,8 @@ func TestCallPausedWhileReading(t *testing.T) {
 }
 
 // A Run that may pause returns once Pause is called while its request is
-// still being written (the server reads none of it yet); what it had
-// written stays written, and a later Run writes the rest: the server gets
-// the request whole, byte for byte.
+// still being written; what it had written stays written, and a later Run
+// writes the rest: the server gets the request whole, byte for byte.
 func TestCallPausedWhileWriting(t *testing.T) {
 	s := newScripted(t)
 	ch := s.goCall(context.Background(), "warm")
@@ -205,11 +208,24 @@ func TestCallPausedWhileWriting(t *testing.T) {
 	}
 	k, resp, req := started(t, s, keys...)
 	run := runIn(k, true)
+	// Once the server has read the request's first 64 KiB, the client is
+	// writing the rest (4 MB do not fit the socket): the pause stops a
+	// write half done.
+	prefix := make([]byte, 64<<10)
+	_ = sc.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(sc.c, prefix); err != nil {
+		t.Fatal(err)
+	}
 	k.Pause()
 	if ran(t, run) {
 		t.Fatalf("Run ended (err %v) with its request not read", k.Err())
 	}
 	run = runIn(k, false)
+	fr := http2.NewFramer(sc.c, io.MultiReader(bytes.NewReader(prefix), sc.c))
+	fr.SetMaxReadFrameSize(16 << 10)
+	fr.ReadMetaHeaders = sc.fr.ReadMetaHeaders // the same header table
+	fr.AllowIllegalWrites = true
+	sc.fr = fr
 	r = sc.readRequest()
 	if !bytes.Equal(r.message(t), req) {
 		t.Fatalf("the server read %d bytes of request, not the %d given", len(r.data)-5, len(req))
@@ -284,4 +300,27 @@ func TestCallClosedWhilePaused(t *testing.T) {
 	}
 	wantCode(t, k.Err(), codes.Canceled, "grpc: the client connection is closing")
 	errIs(t, k.Err(), ErrClosed)
+}
+
+// readByPeer waits until the client has read everything the server wrote
+// to it (the server's socket holds none of it any more).
+func readByPeer(t *testing.T, sc *srvConn) {
+	t.Helper()
+	rc, err := sc.c.(syscall.Conn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		var queued int
+		var qerr error
+		if err := rc.Control(func(fd uintptr) { queued, qerr = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) }); err != nil || qerr != nil {
+			t.Fatal(err, qerr)
+		}
+		if queued == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the client left %d bytes unread", queued)
+		}
+	}
 }

@@ -358,6 +358,13 @@ func (cc *conn) begin(ctx context.Context, method string, resp proto.Message) er
 // its end. A call paused (errPaused) goes on from where it stopped when
 // proceed is called again.
 func (cc *conn) proceed(req []byte) error {
+	if cc.st.sendDone && len(cc.out.b) > 0 {
+		// A pause interrupted a control frame's write (a window granted
+		// back, an ack): the server may be waiting for it.
+		if err := cc.flush(); err != nil {
+			return err
+		}
+	}
 	if !cc.st.sendDone {
 		if err := cc.send(req); err != nil {
 			return err
@@ -393,7 +400,7 @@ func (cc *conn) finishBuffers() {
 	if cap(cc.reply) > keepReply {
 		cc.reply = nil
 	}
-	if cap(cc.out.b) > keepOut {
+	if cap(cc.out.b) > keepOut && len(cc.out.b) == 0 {
 		cc.out.b = nil
 	}
 }
