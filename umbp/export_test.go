@@ -78,3 +78,10 @@ func SetPoolClaimHook(f func(*TransferJob)) (restore func()) {
 	old := testHookPoolClaim.Swap(p)
 	return func() { testHookPoolClaim.Store(old) }
 }
+
+// SetWaitClaimsHook makes f run as a Wait is about to claim each job it
+// could run itself, until restore is called.
+func SetWaitClaimsHook(f func(*TransferJob)) (restore func()) {
+	old := testHookWaitClaims.Swap(&f)
+	return func() { testHookWaitClaims.Store(old) }
+}

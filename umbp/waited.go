@@ -26,6 +26,10 @@ import (
 // stores, a request sent again — goes on on a transfer goroutine, and the
 // Wait waits for it as for any job.
 
+// testHookWaitClaims, when set by a test, runs as a Wait is about to
+// claim a job.
+var testHookWaitClaims atomic.Pointer[func(*TransferJob)]
+
 // testHookWaitedRun, when set by a test, runs each time a Wait runs a
 // job's request itself.
 var testHookWaitedRun atomic.Pointer[func()]
@@ -52,7 +56,14 @@ func (q *queuedRun) onPool() {
 	if h := testHookPoolClaim.Load(); h != nil {
 		(*h)(q.job)
 	}
-	if q.claimed.CompareAndSwap(false, true) && q.t.run(q.job, q.tr, q.items, q.barrier) {
+	if q.claimed.CompareAndSwap(false, true) {
+		q.run()
+	}
+}
+
+// run runs the claimed job, from its start.
+func (q *queuedRun) run() {
+	if q.t.run(q.job, q.tr, q.items, q.barrier) {
 		q.release()
 	}
 }
@@ -76,12 +87,21 @@ func (q *queuedRun) runWaited(ctx context.Context) (ended bool) {
 	if !ok {
 		return false
 	}
-	mv := s.start(job.kind, q.items) // a connection first: claimed, the job runs here
-	if mv == nil {
-		return false
+	if h := testHookWaitClaims.Load(); h != nil {
+		(*h)(job)
 	}
 	if !q.claimed.CompareAndSwap(false, true) {
-		mv.Abort() // a transfer goroutine runs it
+		return false // a transfer goroutine runs it: nothing of it is read here
+	}
+	// Claimed: the items are this goroutine's to read (a transfer
+	// goroutine that ran the job would have given them back).
+	mv := s.start(job.kind, q.items)
+	if mv == nil {
+		// No idle transfer connection: the transfer goroutines' way, the
+		// job still queued (Close withdraws it if it never runs).
+		if t.pool.Go(q.run) != nil {
+			job.failQueued(ErrClosed)
+		}
 		return false
 	}
 	deadline, ok := job.begin(t.timeout, false)

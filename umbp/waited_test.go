@@ -201,3 +201,62 @@ func TestWaitedRunClosed(t *testing.T) {
 		t.Fatalf("the store did not end after Resume: %s", stuck.Status())
 	}
 }
+
+// Waits and the transfer goroutines race to claim each job, store and
+// load, plain and ranged: every byte comes back, and nothing runs twice
+// or reads what the other gave back.
+func TestWaitRacesTheTransferGoroutines(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	for _, layers := range []int{1, 2} {
+		a := newEngine(t, newRuntime(t, testConfig(t, srv.Endpoint())), layers, 16, 256)
+		prefix := fmt.Sprintf("race%d", layers)
+		for i := range 300 {
+			plans := a.plans(t, fmt.Sprintf("%s-%d", prefix, i), 0, 1, 2, 3)
+			a.fill(plans, byte(i))
+			want := bytes.Clone(a.buf.Bytes())
+			if err := a.w.Wait(context.Background(), a.w.Store(plans)); err != nil {
+				t.Fatal(err)
+			}
+			clear(a.buf.Bytes())
+			if err := a.w.Wait(context.Background(), a.w.Load(plans)); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(a.buf.Bytes(), want) {
+				t.Fatalf("%d layers, round %d: the loaded bytes differ", layers, i)
+			}
+		}
+	}
+}
+
+// A Wait that loses the claim to a transfer goroutine, which runs the job
+// to its end first, answers the job's outcome and reads nothing of it
+// (the transfer goroutine has given its items back by then).
+func TestWaitLosesTheClaim(t *testing.T) {
+	ran := waitedRuns(t)
+	srv := newServer(t, umbptest.Options{})
+	a := newEngine(t, newRuntime(t, testConfig(t, srv.Endpoint())), 2, 8, 256)
+	waitJob(t, a.w, a.w.Store(a.plans(t, "warm", 7)))
+	t.Cleanup(umbp.SetWaitClaimsHook(func(j *umbp.TransferJob) {
+		select {
+		case <-j.Done():
+		case <-time.After(10 * time.Second):
+			t.Error("the transfer goroutine did not run the job")
+		}
+	}))
+	plans := a.plans(t, "lost", 0, 1, 2)
+	a.fill(plans, 5)
+	want := bytes.Clone(a.buf.Bytes())
+	if err := a.w.Wait(context.Background(), a.w.Store(plans)); err != nil {
+		t.Fatal(err)
+	}
+	clear(a.buf.Bytes())
+	if err := a.w.Wait(context.Background(), a.w.Load(plans)); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a.buf.Bytes(), want) {
+		t.Fatal("the loaded bytes differ")
+	}
+	if n := ran.Load(); n != 0 {
+		t.Fatalf("a Wait ran %d jobs it lost the claim of", n)
+	}
+}
