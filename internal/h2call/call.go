@@ -95,7 +95,7 @@ func (k *Call) Run(mayPause bool) bool {
 		}
 		k.mayPause = mayPause
 		k.mu.Unlock()
-		err, retry, paused := k.first()
+		retry, paused, err := k.first()
 		k.mu.Lock()
 		k.mayPause = false
 		if k.interrupted {
@@ -141,7 +141,7 @@ func (k *Call) Abort() {
 
 // first makes the first attempt on the connection TryStart took, or goes
 // on with it.
-func (k *Call) first() (err error, retry, paused bool) {
+func (k *Call) first() (retry, paused bool, err error) {
 	cc := k.cc
 	cc.resumable = true
 	defer func() { cc.resumable = false }()
@@ -151,15 +151,15 @@ func (k *Call) first() (err error, retry, paused bool) {
 		cc.st.trailer = nil
 		if err := cc.begin(ctx, k.method, k.resp); err != nil {
 			err, retry = cc.outcome(ctx, err)
-			return err, retry, false
+			return retry, false, err
 		}
 	}
 	err = cc.proceed(k.req)
 	if err == errPaused {
-		return nil, false, true
+		return false, true, nil
 	}
 	err, retry = cc.outcome(ctx, err)
-	return err, retry, false
+	return retry, false, err
 }
 
 func (k *Call) finish(err error) {
