@@ -132,6 +132,16 @@ func (r *results) err(k int) error {
 // was answered.
 func (r *results) failure() error { return conn.Joined(r.errs) }
 
+// refused reports whether the server answered false for an item.
+func (r *results) refused() bool {
+	for _, ok := range r.ok {
+		if !ok {
+			return true
+		}
+	}
+	return false
+}
+
 // inDoubt reports whether a request may have reached the server and used
 // its memory although no answer says what became of it.
 func (r *results) inDoubt() bool {

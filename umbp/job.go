@@ -78,10 +78,16 @@ type TransferJob struct {
 	drop func()
 	// queued is the job's run as handed to the transfer goroutines, for a
 	// Wait to claim (waited.go); set before the job is returned.
-	queued *queuedRun
+	queued waitRunner
 	// pause, while a Wait runs the job (waited.go), hands it on at its
 	// deadline.
 	pause func()
+}
+
+// waitRunner is a queued job's run, which a Wait may make itself
+// (waited.go): runWaited reports whether the job has ended.
+type waitRunner interface {
+	runWaited(ctx context.Context) (ended bool)
 }
 
 // jobEvents is told of a job's transitions: the set of a handle's jobs in

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
@@ -417,4 +418,44 @@ func (t *jobRunner) close() bool {
 	t.closed = true
 	t.mu.Unlock()
 	return true
+}
+
+// queuedRun is a job handed to the transfer goroutines, with what running
+// it needs; claim says who runs it.
+type queuedRun struct {
+	t       *jobRunner
+	job     *TransferJob
+	tr      transport
+	items   []item
+	slab    []conn.Range
+	barrier *streamEvent
+	claimed atomic.Bool
+}
+
+// testHookPoolClaim, when set by a test, runs on a transfer goroutine
+// before it claims a job (an atomic: transfer goroutines wake when they
+// will, tests or not).
+var testHookPoolClaim atomic.Pointer[func(*TransferJob)]
+
+// onPool is the run on a transfer goroutine.
+func (q *queuedRun) onPool() {
+	if h := testHookPoolClaim.Load(); h != nil {
+		(*h)(q.job)
+	}
+	if q.claimed.CompareAndSwap(false, true) {
+		q.run()
+	}
+}
+
+// run runs the claimed job, from its start.
+func (q *queuedRun) run() {
+	if q.t.run(q.job, q.tr, q.items, q.barrier) {
+		q.release()
+	}
+}
+
+// release takes back the job's items and ranges once nothing reads them.
+func (q *queuedRun) release() {
+	rangeSlabs.Put(q.slab)                    // no item is used any more
+	itemSlabs.Put(q.items[:len(q.job.plans)]) // every item it may have written
 }

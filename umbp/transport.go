@@ -155,3 +155,42 @@ func (t segmentTransport) move(ctx context.Context, kind jobKind, items []item) 
 	}
 	return r
 }
+
+// oneRequest is the move of a job's items as one lock-step request, item
+// k its entry k, with the arrays it was begun from (the request is sent
+// again from them if it cannot go lock-step after all).
+type oneRequest struct {
+	*conn.Transfer
+	keys []string
+	segs []conn.Segment
+}
+
+// startSegments begins the move of single-range items as one BatchPut or
+// BatchGet.
+func startSegments(c *conn.Conn, kind jobKind, items []item) *oneRequest {
+	keys := keySlabs.Get(len(items))
+	segs := segmentSlabs.Get(len(items))
+	for k := range items {
+		rg := items[k].obj.Ranges[0]
+		keys[k] = items[k].obj.Key
+		segs[k] = conn.Segment{RegionBase: rg.RegionBase, Offset: rg.Offset, Size: rg.Size}
+	}
+	tr := c.StartBatch(kind == kindStore, keys, segs)
+	if tr == nil {
+		keySlabs.Put(keys)
+		segmentSlabs.Put(segs)
+		return nil
+	}
+	return &oneRequest{Transfer: tr, keys: keys, segs: segs}
+}
+
+// results is the ended request's answer, item by item.
+func (m *oneRequest) results() results {
+	ok, errs := m.Result()
+	if m.keys != nil {
+		keySlabs.Put(m.keys)
+		segmentSlabs.Put(m.segs)
+		m.keys, m.segs = nil, nil
+	}
+	return results{ok: ok, errs: errs}
+}

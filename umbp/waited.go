@@ -3,8 +3,6 @@ package umbp
 import (
 	"context"
 	"sync/atomic"
-
-	"github.com/umbp-go/umbp-go/internal/conn"
 )
 
 // A job that a Wait finds still queued may run on the waiting goroutine
@@ -23,8 +21,9 @@ import (
 // request's reads and writes can wait, and those stop at Wait's bound (the
 // job's deadline, or ctx) without losing the request (conn.Transfer's
 // Pause). What is left then — the rest of the request, a retry of refused
-// stores, a request sent again — goes on on a transfer goroutine, and the
-// Wait waits for it as for any job.
+// stores, a request sent again — goes on on a goroutine of its own
+// (handOn), and the Wait waits for it as for any job. The queued job
+// itself (queuedRun, the transfer goroutines' side) is transfer.go's.
 
 // testHookWaitClaims, when set by a test, runs as a Wait is about to
 // claim a job.
@@ -33,46 +32,6 @@ var testHookWaitClaims atomic.Pointer[func(*TransferJob)]
 // testHookWaitedRun, when set by a test, runs each time a Wait runs a
 // job's request itself.
 var testHookWaitedRun atomic.Pointer[func()]
-
-// queuedRun is a job handed to the transfer goroutines, with what running
-// it needs; claim says who runs it.
-type queuedRun struct {
-	t       *jobRunner
-	job     *TransferJob
-	tr      transport
-	items   []item
-	slab    []conn.Range
-	barrier *streamEvent
-	claimed atomic.Bool
-}
-
-// testHookPoolClaim, when set by a test, runs on a transfer goroutine
-// before it claims a job (an atomic: transfer goroutines wake when they
-// will, tests or not).
-var testHookPoolClaim atomic.Pointer[func(*TransferJob)]
-
-// onPool is the run on a transfer goroutine.
-func (q *queuedRun) onPool() {
-	if h := testHookPoolClaim.Load(); h != nil {
-		(*h)(q.job)
-	}
-	if q.claimed.CompareAndSwap(false, true) {
-		q.run()
-	}
-}
-
-// run runs the claimed job, from its start.
-func (q *queuedRun) run() {
-	if q.t.run(q.job, q.tr, q.items, q.barrier) {
-		q.release()
-	}
-}
-
-// release takes back the job's items and ranges once nothing reads them.
-func (q *queuedRun) release() {
-	rangeSlabs.Put(q.slab)                    // no item is used any more
-	itemSlabs.Put(q.items[:len(q.job.plans)]) // every item it may have written
-}
 
 // runWaited runs the job for a Wait that found it queued, when it can run
 // here (see above). It reports whether the job has ended; when it has
@@ -157,53 +116,4 @@ func (q *queuedRun) handOn(rest func() (done bool)) {
 			q.release()
 		}
 	}()
-}
-
-// oneRequest is the move of a job's items as one lock-step request, item
-// k its entry k, with the arrays it was begun from (the request is sent
-// again from them if it cannot go lock-step after all).
-type oneRequest struct {
-	*conn.Transfer
-	keys []string
-	segs []conn.Segment
-}
-
-// startSegments begins the move of single-range items as one BatchPut or
-// BatchGet.
-func startSegments(c *conn.Conn, kind jobKind, items []item) *oneRequest {
-	keys := keySlabs.Get(len(items))
-	segs := segmentSlabs.Get(len(items))
-	for k := range items {
-		rg := items[k].obj.Ranges[0]
-		keys[k] = items[k].obj.Key
-		segs[k] = conn.Segment{RegionBase: rg.RegionBase, Offset: rg.Offset, Size: rg.Size}
-	}
-	tr := c.StartBatch(kind == kindStore, keys, segs)
-	if tr == nil {
-		keySlabs.Put(keys)
-		segmentSlabs.Put(segs)
-		return nil
-	}
-	return &oneRequest{Transfer: tr, keys: keys, segs: segs}
-}
-
-// results is the ended request's answer, item by item.
-func (m *oneRequest) results() results {
-	ok, errs := m.Result()
-	if m.keys != nil {
-		keySlabs.Put(m.keys)
-		segmentSlabs.Put(m.segs)
-		m.keys, m.segs = nil, nil
-	}
-	return results{ok: ok, errs: errs}
-}
-
-// refused reports whether the server answered false for an item.
-func (r *results) refused() bool {
-	for _, ok := range r.ok {
-		if !ok {
-			return true
-		}
-	}
-	return false
 }
