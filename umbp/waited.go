@@ -52,6 +52,14 @@ func (q *queuedRun) runWaited(ctx context.Context) (ended bool) {
 	if !q.claimed.CompareAndSwap(false, true) {
 		return false // a transfer goroutine runs it: nothing of it is read here
 	}
+	defer func() {
+		// As on a transfer goroutine: a panic fails what has no outcome,
+		// and does not reach the caller.
+		if v := recover(); v != nil {
+			q.panicked(v)
+			ended = true
+		}
+	}()
 	// Claimed: the items are this goroutine's to read (a transfer
 	// goroutine that ran the job would have given them back).
 	mv := s.start(job.kind, q.items)
@@ -72,15 +80,6 @@ func (q *queuedRun) runWaited(ctx context.Context) (ended bool) {
 	if h := testHookWaitedRun.Load(); h != nil {
 		(*h)()
 	}
-	defer func() {
-		// As on a transfer goroutine: a panic fails what has no outcome,
-		// and does not reach the caller.
-		if v := recover(); v != nil {
-			t.log.Error("UMBP standalone transfer panicked in Wait; its job failed", "endpoint", t.address, "err", v)
-			job.failRest(errInternal)
-			ended = true
-		}
-	}()
 	job.setPause(mv.Pause)
 	stop := context.AfterFunc(ctx, mv.Pause)
 	done := mv.Run(true)
@@ -112,8 +111,21 @@ func (q *queuedRun) runWaited(ctx context.Context) (ended bool) {
 // request may be in flight and must be seen to its end.
 func (q *queuedRun) handOn(rest func() (done bool)) {
 	go func() {
+		defer func() {
+			if v := recover(); v != nil {
+				q.panicked(v)
+			}
+		}()
 		if rest() {
 			q.release()
 		}
 	}()
+}
+
+// panicked fails what a job a Wait ran has no outcome for, after a panic
+// in its run, as a transfer goroutine's panic handler and moveAndSettle
+// do.
+func (q *queuedRun) panicked(v any) {
+	q.t.log.Error("UMBP standalone transfer panicked; its job failed", "endpoint", q.t.address, "err", v)
+	q.job.failRest(errInternal)
 }
