@@ -397,11 +397,12 @@ func (j *TransferJob) streamReady() error {
 // Wait running it hands it on.
 func (j *TransferJob) expire() {
 	j.mu.Lock()
-	if j.phase == phaseInFlight && !time.Now().Before(j.deadline) {
+	late := !time.Now().Before(j.deadline)
+	if j.phase == phaseInFlight && late {
 		j.phase = phaseBlocked
 		j.set.blockedDelta(1) // with the phase: the count never lags it
 	}
-	pause, late := j.pause, !time.Now().Before(j.deadline)
+	pause := j.pause
 	j.mu.Unlock()
 	if pause != nil && late {
 		pause()

@@ -187,10 +187,22 @@ func startSegments(c *conn.Conn, kind jobKind, items []item) *oneRequest {
 // results is the ended request's answer, item by item.
 func (m *oneRequest) results() results {
 	ok, errs := m.Result()
+	m.release()
+	return results{ok: ok, errs: errs}
+}
+
+// abort ends a request no Run was made for, having sent nothing.
+func (m *oneRequest) abort() {
+	m.Abort()
+	m.release()
+}
+
+// release gives back the arrays the request was begun from, once it has
+// ended.
+func (m *oneRequest) release() {
 	if m.keys != nil {
 		keySlabs.Put(m.keys)
 		segmentSlabs.Put(m.segs)
 		m.keys, m.segs = nil, nil
 	}
-	return results{ok: ok, errs: errs}
 }

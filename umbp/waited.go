@@ -73,7 +73,7 @@ func (q *queuedRun) runWaited(ctx context.Context) (ended bool) {
 	}
 	deadline, ok := job.begin(t.timeout, false)
 	if !ok {
-		mv.Abort()
+		mv.abort()
 		q.release()
 		return true // ended while queued
 	}

@@ -36,6 +36,26 @@ func holdPool() (release func()) {
 	})
 }
 
+// cancelOnceSeen calls cancel once the server has seen n calls of method
+// (or 10 s have passed: the test's own checks then fail). It may run on a
+// goroutine other than the test's: it fails nothing itself.
+func cancelOnceSeen(srv *umbptest.Server, method string, n int, cancel func()) {
+	for deadline := time.Now().Add(10 * time.Second); srv.Calls(method) < n && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+}
+
+// mustEnd waits for job to end, failing the test after 10 s.
+func mustEnd(t *testing.T, job *umbp.TransferJob, what string) {
+	t.Helper()
+	select {
+	case <-job.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not end: %s", what, job.Status())
+	}
+}
+
 // A Wait that finds the handle's one job still queued runs its request
 // itself, plain and ranged, stores and loads, and the bytes come back
 // whole; with one transfer goroutine it does not.
@@ -102,12 +122,6 @@ func TestWaitRunsTheJob(t *testing.T) {
 func TestWaitedRunStalled(t *testing.T) {
 	for _, byCtx := range []bool{false, true} {
 		ran := waitedRuns(t)
-		cancelWhenSeen := func(srv *umbptest.Server, method string, n int, cancel func()) {
-			for deadline := time.Now().Add(10 * time.Second); srv.Calls(method) < n && time.Now().Before(deadline); {
-				time.Sleep(time.Millisecond)
-			}
-			cancel()
-		}
 		srv := newServer(t, umbptest.Options{})
 		cfg := testConfig(t, srv.Endpoint())
 		cfg.Timeout = 300 * time.Millisecond
@@ -126,7 +140,7 @@ func TestWaitedRunStalled(t *testing.T) {
 		stuck := a.w.Store(plans)
 		ctx, cancel := context.WithCancel(context.Background())
 		if byCtx {
-			go cancelWhenSeen(srv, "BatchPutRanges", 2, cancel) // the warm-up's and this one's
+			go cancelOnceSeen(srv, "BatchPutRanges", 2, cancel) // the warm-up's and this one's
 		}
 		start := time.Now()
 		err := a.w.Wait(ctx, stuck)
@@ -149,11 +163,7 @@ func TestWaitedRunStalled(t *testing.T) {
 			}
 		}
 		srv.Resume()
-		select {
-		case <-stuck.Done():
-		case <-time.After(10 * time.Second):
-			t.Fatal("the stalled store did not end after Resume")
-		}
+		mustEnd(t, stuck, "the stalled store, after Resume")
 		release()
 		if stuck.Status() != umbp.JobCompleted {
 			t.Fatalf("byCtx %v: the stalled store ended %s: %v", byCtx, stuck.Status(), stuck.Err())
@@ -182,12 +192,7 @@ func TestWaitedRunClosed(t *testing.T) {
 	srv.Stall()
 	stuck := a.w.Store(a.plans(t, "c", 0))
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		for deadline := time.Now().Add(10 * time.Second); srv.Calls("BatchPut") < 2 && time.Now().Before(deadline); {
-			time.Sleep(time.Millisecond)
-		}
-		cancel()
-	}()
+	go cancelOnceSeen(srv, "BatchPut", 2, cancel) // the warm-up's and this one's
 	if err := a.w.Wait(ctx, stuck); !errors.Is(err, umbp.ErrBuffersInUse) || ran.Load() != 1 {
 		t.Fatalf("Wait = %v, its request run by the Wait %d times", err, ran.Load())
 	}
@@ -195,11 +200,7 @@ func TestWaitedRunClosed(t *testing.T) {
 		t.Fatalf("Close with a store in flight = %v", err)
 	}
 	srv.Resume()
-	select {
-	case <-stuck.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatalf("the store did not end after Resume: %s", stuck.Status())
-	}
+	mustEnd(t, stuck, "the store, after Resume")
 }
 
 // Waits and the transfer goroutines race to claim each job, store and

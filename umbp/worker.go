@@ -302,7 +302,7 @@ func (w *WorkerHandle) Poll(job *TransferJob) bool {
 // A job still queued when Wait gives up is failed as not attempted instead.
 // A Wait that finds the job queued as the handle's one job may run its
 // request itself, on the caller's goroutine, within the same bound: at
-// the bound the request is paused and goes on on a transfer goroutine.
+// the bound the request is paused and goes on on a goroutine of its own.
 func (w *WorkerHandle) Wait(ctx context.Context, job *TransferJob) error {
 	if job == nil {
 		return errNilJob
