@@ -14,7 +14,7 @@ const (
 	// A transfer, which cannot be interrupted while the server may use its
 	// memory: Store and Load return at once. A Wait that finds the
 	// handle's one job queued runs its request itself (waited.go), and
-	// hands it on, paused, to a transfer goroutine at its bound.
+	// hands it on, paused, to a goroutine of its own at its bound.
 	whereTransfers = "on one of the handle's detached transfer goroutines, or on the goroutine of a Wait that finds it queued as the handle's one job"
 	// RegisterBuffers and the external-KV calls, bounded by Timeout.
 	whereWorkerCalls = "on the caller's own goroutine"

@@ -23,7 +23,7 @@
 // server call is bounded, and runs where its bound can hold it:
 //   - a lookup runs on the caller's own goroutine, as a lock-step call ended at LookupTimeout;
 //   - Score, Clear, Ping (and lookups with GRPCLookups) run on a detached goroutine, waited for at most LookupTimeout;
-//   - a transfer runs on one of the handle's detached transfer goroutines, or on the goroutine of a Wait that finds it queued as the handle's one job (the server may use its memory until it answers, so it is never cut off: at the Wait's bound it goes on on a transfer goroutine), waited for at most its deadline;
+//   - a transfer runs on one of the handle's detached transfer goroutines, or on the goroutine of a Wait that finds it queued as the handle's one job (the server may use its memory until it answers, so it is never cut off: at the Wait's bound it goes on on a goroutine of its own), waited for at most its deadline;
 //   - RegisterBuffers and the external-KV calls run on the caller's own goroutine, bounded by Timeout.
 //
 // # Errors

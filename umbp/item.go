@@ -133,14 +133,7 @@ func (r *results) err(k int) error {
 func (r *results) failure() error { return conn.Joined(r.errs) }
 
 // refused reports whether the server answered false for an item.
-func (r *results) refused() bool {
-	for _, ok := range r.ok {
-		if !ok {
-			return true
-		}
-	}
-	return false
-}
+func (r *results) refused() bool { return slices.Contains(r.ok, false) }
 
 // inDoubt reports whether a request may have reached the server and used
 // its memory although no answer says what became of it.
@@ -178,15 +171,31 @@ func plainBatch(ctx context.Context, c *conn.Conn, kind jobKind, items []item, a
 	if len(at) == 0 {
 		return
 	}
-	keys := keySlabs.Get(len(at))
-	segs := segmentSlabs.Get(len(at))
-	for i, k := range at {
-		rg := items[k].obj.Ranges[0]
-		keys[i] = items[k].obj.Key
-		segs[i] = conn.Segment{RegionBase: rg.RegionBase, Offset: rg.Offset, Size: rg.Size}
-	}
+	keys, segs := plainArrays(items, at)
 	ok, errs := segments(ctx, c, kind, keys, segs)
 	keySlabs.Put(keys)
 	segmentSlabs.Put(segs)
 	r.from(at, ok, errs)
+}
+
+// plainArrays returns the keys and segments of the single-range items at
+// indexes at (of every item, in order, for a nil at), in arrays taken from
+// keySlabs and segmentSlabs.
+func plainArrays(items []item, at []int) ([]string, []conn.Segment) {
+	n := len(items)
+	if at != nil {
+		n = len(at)
+	}
+	keys := keySlabs.Get(n)
+	segs := segmentSlabs.Get(n)
+	for i := range n {
+		k := i
+		if at != nil {
+			k = at[i]
+		}
+		rg := items[k].obj.Ranges[0]
+		keys[i] = items[k].obj.Key
+		segs[i] = conn.Segment{RegionBase: rg.RegionBase, Offset: rg.Offset, Size: rg.Size}
+	}
+	return keys, segs
 }

@@ -85,9 +85,9 @@ type TransferJob struct {
 }
 
 // waitRunner is a queued job's run, which a Wait may make itself
-// (waited.go): runWaited reports whether the job has ended.
+// (waited.go) before it waits for the job.
 type waitRunner interface {
-	runWaited(ctx context.Context) (ended bool)
+	runWaited(ctx context.Context)
 }
 
 // jobEvents is told of a job's transitions: the set of a handle's jobs in

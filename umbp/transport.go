@@ -168,13 +168,7 @@ type oneRequest struct {
 // startSegments begins the move of single-range items as one BatchPut or
 // BatchGet.
 func startSegments(c *conn.Conn, kind jobKind, items []item) *oneRequest {
-	keys := keySlabs.Get(len(items))
-	segs := segmentSlabs.Get(len(items))
-	for k := range items {
-		rg := items[k].obj.Ranges[0]
-		keys[k] = items[k].obj.Key
-		segs[k] = conn.Segment{RegionBase: rg.RegionBase, Offset: rg.Offset, Size: rg.Size}
-	}
+	keys, segs := plainArrays(items, nil)
 	tr := c.StartBatch(kind == kindStore, keys, segs)
 	if tr == nil {
 		keySlabs.Put(keys)

@@ -34,30 +34,28 @@ var testHookWaitClaims atomic.Pointer[func(*TransferJob)]
 var testHookWaitedRun atomic.Pointer[func()]
 
 // runWaited runs the job for a Wait that found it queued, when it can run
-// here (see above). It reports whether the job has ended; when it has
-// not, it runs on a transfer goroutine (or one has claimed it), and Wait
-// waits for it.
-func (q *queuedRun) runWaited(ctx context.Context) (ended bool) {
+// here (see above), until it ends or the Wait's bound comes; the Wait then
+// waits for the job as for any other (at once, if it has ended).
+func (q *queuedRun) runWaited(ctx context.Context) {
 	t, job := q.t, q.job
 	if q.barrier != nil || ctx.Err() != nil || t.pool.Size() < 2 || !t.jobs.alone(job) {
-		return false
+		return
 	}
 	s, ok := q.tr.(starter)
 	if !ok {
-		return false
+		return
 	}
 	if h := testHookWaitClaims.Load(); h != nil {
 		(*h)(job)
 	}
 	if !q.claimed.CompareAndSwap(false, true) {
-		return false // a transfer goroutine runs it: nothing of it is read here
+		return // a transfer goroutine runs it: nothing of it is read here
 	}
 	defer func() {
 		// As on a transfer goroutine: a panic fails what has no outcome,
 		// and does not reach the caller.
 		if v := recover(); v != nil {
 			q.panicked(v)
-			ended = true
 		}
 	}()
 	// Claimed: the items are this goroutine's to read (a transfer
@@ -69,13 +67,13 @@ func (q *queuedRun) runWaited(ctx context.Context) (ended bool) {
 		if t.pool.Go(q.run) != nil {
 			job.failQueued(ErrClosed)
 		}
-		return false
+		return
 	}
 	deadline, ok := job.begin(t.timeout, false)
 	if !ok {
 		mv.abort()
 		q.release()
-		return true // ended while queued
+		return // ended while queued
 	}
 	if h := testHookWaitedRun.Load(); h != nil {
 		(*h)()
@@ -91,19 +89,18 @@ func (q *queuedRun) runWaited(ctx context.Context) (ended bool) {
 			if t.moveAndSettle(job, q.tr, q.items, deadline, &r) {
 				q.release()
 			}
-			return job.ended()
+			return
 		}
 		// A retry of refused stores, with its pauses, or a failure to
 		// look into: not on the Wait's goroutine.
 		q.handOn(func() bool { return t.moveAndSettle(job, q.tr, q.items, deadline, &r) })
-		return false
+		return
 	}
 	q.handOn(func() bool {
 		mv.Run(false)
 		r := mv.results()
 		return t.moveAndSettle(job, q.tr, q.items, deadline, &r)
 	})
-	return false
 }
 
 // handOn runs the rest of a job a Wait began on a goroutine of its own:

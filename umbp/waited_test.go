@@ -40,10 +40,29 @@ func holdPool() (release func()) {
 // (or 10 s have passed: the test's own checks then fail). It may run on a
 // goroutine other than the test's: it fails nothing itself.
 func cancelOnceSeen(srv *umbptest.Server, method string, n int, cancel func()) {
-	for deadline := time.Now().Add(10 * time.Second); srv.Calls(method) < n && time.Now().Before(deadline); {
-		time.Sleep(time.Millisecond)
-	}
+	ctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer stop()
+	_ = srv.WaitCalls(ctx, method, n)
 	cancel()
+}
+
+// storeAndLoadBack fills plans with seed, stores them, clears the
+// engine's buffer and loads them back, each job waited for, and fails the
+// test (naming what) unless the buffer is as it was.
+func storeAndLoadBack(t *testing.T, a *engine, plans []umbp.BlockTransferPlan, seed byte, what string) {
+	t.Helper()
+	a.fill(plans, seed)
+	want := bytes.Clone(a.buf.Bytes())
+	if err := a.w.Wait(context.Background(), a.w.Store(plans)); err != nil {
+		t.Fatalf("%s: store: %v", what, err)
+	}
+	clear(a.buf.Bytes())
+	if err := a.w.Wait(context.Background(), a.w.Load(plans)); err != nil {
+		t.Fatalf("%s: load: %v", what, err)
+	}
+	if !bytes.Equal(a.buf.Bytes(), want) {
+		t.Fatalf("%s: the loaded bytes differ", what)
+	}
 }
 
 // mustEnd waits for job to end, failing the test after 10 s.
@@ -213,18 +232,7 @@ func TestWaitRacesTheTransferGoroutines(t *testing.T) {
 		prefix := fmt.Sprintf("race%d", layers)
 		for i := range 300 {
 			plans := a.plans(t, fmt.Sprintf("%s-%d", prefix, i), 0, 1, 2, 3)
-			a.fill(plans, byte(i))
-			want := bytes.Clone(a.buf.Bytes())
-			if err := a.w.Wait(context.Background(), a.w.Store(plans)); err != nil {
-				t.Fatal(err)
-			}
-			clear(a.buf.Bytes())
-			if err := a.w.Wait(context.Background(), a.w.Load(plans)); err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(a.buf.Bytes(), want) {
-				t.Fatalf("%d layers, round %d: the loaded bytes differ", layers, i)
-			}
+			storeAndLoadBack(t, a, plans, byte(i), fmt.Sprintf("%d layers, round %d", layers, i))
 		}
 	}
 }
@@ -244,19 +252,7 @@ func TestWaitLosesTheClaim(t *testing.T) {
 			t.Error("the transfer goroutine did not run the job")
 		}
 	}))
-	plans := a.plans(t, "lost", 0, 1, 2)
-	a.fill(plans, 5)
-	want := bytes.Clone(a.buf.Bytes())
-	if err := a.w.Wait(context.Background(), a.w.Store(plans)); err != nil {
-		t.Fatal(err)
-	}
-	clear(a.buf.Bytes())
-	if err := a.w.Wait(context.Background(), a.w.Load(plans)); err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(a.buf.Bytes(), want) {
-		t.Fatal("the loaded bytes differ")
-	}
+	storeAndLoadBack(t, a, a.plans(t, "lost", 0, 1, 2), 5, "lost")
 	if n := ran.Load(); n != 0 {
 		t.Fatalf("a Wait ran %d jobs it lost the claim of", n)
 	}

@@ -307,8 +307,8 @@ func (w *WorkerHandle) Wait(ctx context.Context, job *TransferJob) error {
 	if job == nil {
 		return errNilJob
 	}
-	if q := job.queued; q != nil && !job.ended() && q.runWaited(ctx) {
-		return job.Err()
+	if q := job.queued; q != nil && !job.ended() {
+		q.runWaited(ctx)
 	}
 	return job.wait(ctx, w.timeout)
 }
