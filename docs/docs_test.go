@@ -105,6 +105,7 @@ var figures = []struct{ doc, text string }{
 	{"docs/CLUSTER.md", "`LoadFailureQuarantine`: default {umbp.DefaultLoadFailureQuarantine/s} s"},
 	{"docs/PERFORMANCE.md", "median of {flag:umbp bench -exists-reps} lookups of that many keys"},
 	{"docs/PERFORMANCE.md", "median of {flag:umbp bench -bw-reps} jobs of 256 objects of 64 KiB"},
+	{"docs/PERFORMANCE.md", "workers (at most {internal/server.maxCopyWorkers} goroutines)"},
 	// Where each kind of call runs (umbp/callsites.go, checked against the
 	// calls by TestWhereCallsRun).
 	{"docs/ARCHITECTURE.md", "| `Lookup`, `LookupPrefix`, `LookupTokens` | {umbp.whereLookups}, a lock-step call ended at `LookupTimeout` |"},
