@@ -10,6 +10,8 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
+
+	"github.com/umbp-go/umbp-go/internal/sockio"
 )
 
 // peerCred returns the credentials (SO_PEERCRED) of the process at the other
@@ -155,6 +157,13 @@ func (p peerCreds) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, 
 			a.cred = cred
 		}
 	}
+	// Read and written with raw system calls, as the client's connections
+	// are: net.Conn's Read and Write enter the runtime's system-call state,
+	// and the first entry after the server was idle wakes the runtime's
+	// monitor thread, which then checks every 20 µs for a millisecond,
+	// each check displacing a copy on a host whose CPUs all copy (see
+	// docs/PERFORMANCE.md).
+	c = sockio.Wrap(c)
 	if p.wrap != nil {
 		c = p.wrap(c)
 	}
