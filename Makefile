@@ -23,7 +23,7 @@ TESTFLAGS := -race -count=1 -timeout 10m
 # The scheduler's tests run a second time with its lookups through grpc-go's
 # call path (Config.GRPCLookups) instead of the lock-step call: every
 # guarantee holds on both.
-SCHEDULER_TESTS := Lookup|Schedul|Cluster|Score|Quarantin|Replica|StoreOutage|Hostile|Errors|Attach|Restart|Token|Example
+SCHEDULER_TESTS := Lookup|Caller|Oversized|Schedul|Cluster|Score|Quarantin|Replica|StoreOutage|Hostile|Errors|Attach|Restart|Token|Example
 test:
 	@GO='$(GO)' $(GO) run ./scripts/testprogress $(TESTFLAGS) ./...
 	@echo "== umbp's scheduler tests, lookups through grpc-go"

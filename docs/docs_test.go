@@ -85,7 +85,7 @@ var quotes = []quote{
 // {SOURCE} or {SOURCE/FORMAT} stands for the value. SOURCE is
 // DIR.NAME, a constant of the package in DIR (exported or not), or
 // flag:COMMAND -NAME, the default of a flag of a command as its help says
-// it (umbp-standalone-server -h, umbp help SUBCOMMAND). FORMAT: MiB, ms or s (milliseconds or seconds of a duration), word (one … ten), or
+// it (umbp-standalone-server -h, umbp help SUBCOMMAND). FORMAT: MiB, KiB, ms or s (milliseconds or seconds of a duration), word (one … ten), or
 // nothing for the value as is.
 var figures = []struct{ doc, text string }{
 	{"README.md", "parts (about {internal/conn.partRanges} ranges or {internal/conn.partBytes/MiB} MiB each), {internal/conn.partsInFlight/word} at a time"},
@@ -100,6 +100,8 @@ var figures = []struct{ doc, text string }{
 	{"docs/FAILURES.md", "| `LookupTimeout` | {umbp.DefaultLookupTimeout/s} s |"},
 	{"docs/FAILURES.md", "| `Timeout` | {umbp.DefaultTimeout/s} s |"},
 	{"docs/FAILURES.md", "| `StartupTimeout` | {umbp.DefaultStartupTimeout/s} s |"},
+	{"docs/FAILURES.md", "asked in parts of at most {umbp.lookupPartKeys} keys ({umbp.lookupPartBytes/MiB} MiB of keys)"},
+	{"docs/FAILURES.md", "a key over `MaxKeyBytes` ({internal/rpc.MaxKeyBytes/KiB} KiB)"},
 	{"docs/CLUSTER.md", "`MaxNodes` nodes ({internal/rpc.MaxNodes})"},
 	{"docs/CLUSTER.md", "`MaxReplyBytes` ({internal/rpc.MaxMessageSize/MiB} MiB"},
 	{"docs/CLUSTER.md", "`LoadFailureQuarantine`: default {umbp.DefaultLoadFailureQuarantine/s} s"},
@@ -332,6 +334,11 @@ func (w *world) value(t *testing.T, ref string) (string, error) {
 			return "", fmt.Errorf("%s is %d, not whole MiB", src, i)
 		}
 		return strconv.FormatInt(i>>20, 10), nil
+	case "KiB":
+		if i%(1<<10) != 0 {
+			return "", fmt.Errorf("%s is %d, not whole KiB", src, i)
+		}
+		return strconv.FormatInt(i>>10, 10), nil
 	case "ms":
 		if i%1e6 != 0 {
 			return "", fmt.Errorf("%s is %d ns, not whole milliseconds", src, i)

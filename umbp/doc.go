@@ -26,6 +26,12 @@
 //   - a transfer runs on one of the handle's detached transfer goroutines, or on the goroutine of a Wait that finds it queued as the handle's one job (the server may use its memory until it answers, so it is never cut off: at the Wait's bound it goes on on a goroutine of its own), waited for at most its deadline;
 //   - RegisterBuffers and the external-KV calls run on the caller's own goroutine, bounded by Timeout.
 //
+// A caller's doing costs that caller alone: its context that ends answers
+// it at once (misses, or the context's error) and holds nothing off for
+// anyone else; a batch of any size is answered within LookupTimeout of the
+// call, as far as it got ([SchedulerHandle.LookupAnswers]); and a key that
+// cannot be in the pool (empty, not UTF-8, over [MaxKeyBytes]) fails alone.
+//
 // # Errors
 //
 // Every key of a [TransferJob] has its own outcome: [TransferJob.KeyErr] is

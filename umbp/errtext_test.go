@@ -85,7 +85,7 @@ func TestErrorsSayItOnce(t *testing.T) {
 		short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 		defer cancel()
 		_, err = newRuntime(t, cfg).NewSchedulerHandle(short)
-		if want := "(the caller's context ended the wait after "; err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "StartupTimeout") {
+		if want := "the caller's context ended the wait for the server after "; err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "StartupTimeout") {
 			t.Errorf("attach ended by the caller's context says\n\t%v\nwant it to say %q and not blame StartupTimeout", err, want)
 		} else if !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("attach ended by the caller's deadline = %v, want it to match context.DeadlineExceeded", err)

@@ -6,10 +6,19 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/umbp-go/umbp-go/internal/rpc"
 )
 
 // keyPrefix starts every key; the version tag changes if the format does.
 const keyPrefix = "umbp:vllm:v1:"
+
+// MaxKeyBytes bounds a key's length. A longer key is refused alone, before
+// anything is sent: a lookup answers it as a miss (and a prefix ends at
+// it), a store or load fails that key with ErrInvalidPlan and
+// ErrNotAttempted, and its siblings go on. vLLM's keys, and those
+// KeyCodec and TokenKeyer make, are under 200 bytes.
+const MaxKeyBytes = rpc.MaxKeyBytes
 
 // KeyCodec makes the object keys one rank stores and looks up. Keys have the
 // form

@@ -102,18 +102,24 @@ func (l *link) firstAttach(parent context.Context) (*conn.Conn, sockIdent, error
 		if final(err) {
 			return nil, sockIdent{}, err
 		}
+		if parent.Err() != nil {
+			// The caller's context ended the wait: its doing, not the
+			// server's. An attempt that failed before it is said, not
+			// wrapped.
+			why := fmt.Errorf("the caller's context ended the wait for the server after %v: %w", waited, parent.Err())
+			if cause := context.Cause(parent); cause != parent.Err() {
+				why = fmt.Errorf("%w (%w)", why, cause)
+			}
+			if last != nil {
+				return nil, sockIdent{}, fmt.Errorf("%w; the attempt before: %v", why, last)
+			}
+			return nil, sockIdent{}, why
+		}
 		if ctx.Err() != nil {
 			// An attempt the end of the wait cut short says less than
 			// the one before it.
 			if last == nil || !errors.Is(err, ctx.Err()) {
 				last = err
-			}
-			// Which end it was, not that a deadline passed again.
-			if parent.Err() != nil {
-				if errors.Is(last, parent.Err()) {
-					return nil, sockIdent{}, fmt.Errorf("%w (the caller's context ended the wait after %v)", last, waited)
-				}
-				return nil, sockIdent{}, fmt.Errorf("%w (the caller's context ended the wait after %v: %w)", last, waited, context.Cause(parent))
 			}
 			if errors.Is(last, context.DeadlineExceeded) {
 				return nil, sockIdent{}, fmt.Errorf("%w (the wait's end: StartupTimeout, %v)", last, waited)

@@ -4,14 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/umbp-go/umbp-go/internal/backoff"
 	"github.com/umbp-go/umbp-go/internal/daemonpool"
 	"github.com/umbp-go/umbp-go/internal/encoded"
 	"github.com/umbp-go/umbp-go/internal/errdefs"
 	"github.com/umbp-go/umbp-go/internal/masterconn"
+	"github.com/umbp-go/umbp-go/internal/rpc"
 )
 
 // The caller is the one owner of a scheduler call's bound: for every call
@@ -171,12 +174,23 @@ const (
 	callPrefix                 // LookupPrefix
 )
 
-// call runs fn on one of c's detached goroutines and waits for it at most
-// c's timeout or until ctx ends; what names the call in its errors. A
-// lookup (kind callExists or callPrefix) on a source whose lookups are
-// lock-step runs on the caller's goroutine instead (callInline).
-func call[T any](ctx context.Context, c *caller, what string, kind callKind, fn func(lookupSource, context.Context) (T, error)) (T, error) {
+// call runs fn on one of c's detached goroutines and waits for it until
+// deadline (the end of the caller's call's bound: it began at the call)
+// or until ctx ends; what names the call in its errors. A lookup (kind
+// callExists or callPrefix) on a source whose lookups are lock-step runs
+// on the caller's goroutine instead (callInline).
+//
+// How the call ended decides what it means for the next one, here alone:
+// an answer, or the server's refusal, is the call's result; a call the
+// server left unanswered at the bound holds later calls off (overran); a
+// call whose caller's context ended first is that caller's: it ends, and
+// nothing else happens, unless the server then lets a detached call run
+// past the bound, which is the server's lateness and held against it then.
+func call[T any](ctx context.Context, c *caller, what string, kind callKind, deadline time.Time, fn func(lookupSource, context.Context) (T, error)) (T, error) {
 	var zero T
+	if err := ctx.Err(); err != nil {
+		return zero, callerLeft(what, ctx)
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -201,7 +215,7 @@ func call[T any](ctx context.Context, c *caller, what string, kind callKind, fn 
 	caps := src.can()
 	if kind != callOther && caps.lockStep {
 		c.mu.Unlock()
-		return callInline(ctx, c, what, src, kind, fn)
+		return callInline(ctx, c, what, src, kind, deadline, fn)
 	}
 	pool := c.calls
 	// The RPC itself carries no deadline: a deadline costs a timer on
@@ -217,7 +231,9 @@ func call[T any](ctx context.Context, c *caller, what string, kind callKind, fn 
 		defer end(nil)
 	}
 	var f *daemonpool.Future[T]
+	var began atomic.Int64 // when a detached goroutine took the call, Unix ns
 	f, err = daemonpool.Submit(pool, func() (T, error) {
+		began.Store(time.Now().UnixNano())
 		v, err := fn(src, dctx)
 		if stopped.Load() {
 			c.ended(src, pool, kind, f.Done())
@@ -228,7 +244,7 @@ func call[T any](ctx context.Context, c *caller, what string, kind callKind, fn 
 	if err != nil {
 		return zero, err
 	}
-	timer := time.NewTimer(c.timeout)
+	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	select {
 	case <-f.Done():
@@ -241,47 +257,178 @@ func call[T any](ctx context.Context, c *caller, what string, kind callKind, fn 
 		return f.Result()
 	default:
 	}
-	if !f.Cancel() { // a call that never started holds nothing up
-		if end != nil {
+	left := time.Now().Before(deadline) // the caller left first: its business alone
+	if f.Cancel() {
+		// It never started, and holds nothing up.
+	} else if end != nil {
+		if left {
+			end(context.Cause(ctx)) // the replicas it asked are not suspect
+		} else {
 			stopped.Store(true)
 			c.holdWhile(src, pool, kind, f.Done())
-			// Ended with its cause: errdefs.ErrNoReply when it ran out c's
-			// timeout (the store is checked then), the caller's own
-			// otherwise.
-			cause := error(errdefs.ErrNoReply)
-			if ctx.Err() != nil {
-				cause = context.Cause(ctx)
-			}
-			end(cause)
-		} else {
+			end(errdefs.ErrNoReply) // the store is checked then
+		}
+	} else {
+		// It goes on. A call the bound ended that the server had for half
+		// the bound at least holds later calls off now, until it returns,
+		// as a lock-step one does; one its caller left, or that began
+		// late in a batch's bound, once the server has had it for
+		// LookupTimeout.
+		start := time.Unix(0, began.Load())
+		if began.Load() == 0 {
+			start = time.Now()
+		}
+		if !left && time.Since(start) >= c.timeout/2 {
 			c.overran(src, pool, kind, f.Done())
+		} else {
+			c.lateAt(src, pool, kind, f.Done(), start.Add(c.timeout))
 		}
 	}
-	if err := ctx.Err(); err != nil {
-		return zero, fmt.Errorf("%s: %w", what, err)
+	if left {
+		return zero, callerLeft(what, ctx)
 	}
-	return zero, fmt.Errorf("%s: %w within %v: %w", what, errdefs.ErrNoReply, c.timeout, context.DeadlineExceeded)
+	return zero, noReply(what, c.timeout)
 }
 
-// exists is a Lookup's call of keys, the answer checked for their number.
-func (c *caller) exists(ctx context.Context, keys encoded.Keys) ([]bool, error) {
-	n := keys.N // keys are freed once sent
-	return call(ctx, c, "lookup", callExists, func(src lookupSource, ctx context.Context) ([]bool, error) {
-		hits, err := src.exists(ctx, keys)
-		if err == nil && len(hits) != n {
-			return nil, fmt.Errorf("%d results for %d keys", len(hits), n)
+// lateAt holds later calls off (overran) if the detached call whose Done
+// channel is done is still unanswered at late.
+func (c *caller) lateAt(src lookupSource, pool *daemonpool.Pool, kind callKind, done <-chan struct{}, late time.Time) {
+	hold := func() {
+		if !isDone(done) {
+			c.overran(src, pool, kind, done)
 		}
-		return hits, err
-	})
+	}
+	if d := time.Until(late); d > 0 {
+		time.AfterFunc(d, hold)
+		return
+	}
+	hold()
 }
 
-// prefix is a LookupPrefix's call of keys, the count checked against
-// their number.
-func (c *caller) prefix(ctx context.Context, keys encoded.Keys) (int, error) {
-	n := keys.N
-	return call(ctx, c, "prefix lookup", callPrefix, func(src lookupSource, ctx context.Context) (int, error) {
-		return checkedPrefix(src, ctx, keys, n)
-	})
+// callerLeft is the error of a call whose caller's context ended first.
+func callerLeft(what string, ctx context.Context) error {
+	return fmt.Errorf("%s: %w", what, ctx.Err())
+}
+
+// noReply is the error of a call that got no answer within its bound.
+func noReply(what string, bound time.Duration) error {
+	return fmt.Errorf("%s: %w within %v: %w", what, errdefs.ErrNoReply, bound, context.DeadlineExceeded)
+}
+
+// A batch is asked in parts of at most lookupPartKeys keys and
+// lookupPartBytes bytes of keys, each encoded just before it is asked, so
+// that the call's bound covers its encoding and a batch too large to ask
+// within it is answered as far as it got.
+const (
+	lookupPartKeys  = 4096
+	lookupPartBytes = 1 << 20
+)
+
+// partEnd is the end of the part of keys that begins at i. A key too large
+// to be asked about weighs nothing: it is left out.
+func partEnd(keys []string, i int) int {
+	n, j := 0, i
+	for ; j < len(keys) && j-i < lookupPartKeys; j++ {
+		if l := len(keys[j]); l <= rpc.MaxKeyBytes {
+			if n += l; n > lookupPartBytes && j > i {
+				break
+			}
+		}
+	}
+	return j
+}
+
+// partsLeft reports why no further part of a call may be asked: its
+// caller's context ended, or its bound passed; nil when one may.
+func (c *caller) partsLeft(ctx context.Context, what string, deadline time.Time) error {
+	if ctx.Err() != nil {
+		return callerLeft(what, ctx)
+	}
+	if !time.Now().Before(deadline) {
+		return noReply(what, c.timeout)
+	}
+	return nil
+}
+
+// exists answers in hits, one per key of keys, whether the server holds
+// it, part by part within the call's bound (deadline); answered is how
+// many leading keys have an answer, and err why the others have none. A
+// key that cannot be asked about (encode leaves it out) is a miss.
+func (c *caller) exists(ctx context.Context, deadline time.Time, encode func([]string) (encoded.Keys, error), keys []string, hits []bool) (answered int, err error) {
+	for i := 0; i < len(keys); {
+		if err := c.partsLeft(ctx, "lookup", deadline); err != nil {
+			return i, err
+		}
+		j := partEnd(keys, i)
+		q, err := encode(keys[i:j])
+		if err != nil {
+			return i, err
+		}
+		if q.N > 0 {
+			n := q.N // keys are freed once sent
+			part, err := call(ctx, c, "lookup", callExists, deadline, func(src lookupSource, ctx context.Context) ([]bool, error) {
+				hits, err := src.exists(ctx, q)
+				if err == nil && len(hits) != n {
+					return nil, fmt.Errorf("%d results for %d keys", len(hits), n)
+				}
+				return hits, err
+			})
+			if err != nil {
+				return i, err
+			}
+			if q.At == nil {
+				copy(hits[i:j], part)
+			} else {
+				for k, at := range q.At {
+					hits[i+at] = part[k]
+				}
+			}
+		}
+		i = j
+	}
+	return len(keys), nil
+}
+
+// prefix returns how many leading keys of keys the server holds, part by
+// part within the call's bound: on an error, the count of the parts
+// answered before it. A key that cannot be asked about, or one that
+// first (quarantine) cuts off, ends the prefix.
+func (c *caller) prefix(ctx context.Context, deadline time.Time, encode func([]string) (encoded.Keys, error), first func([]string) int, keys []string) (int, error) {
+	total := 0
+	for i := 0; i < len(keys); {
+		if err := c.partsLeft(ctx, "prefix lookup", deadline); err != nil {
+			return total, err
+		}
+		end := partEnd(keys, i)
+		j := i + first(keys[i:end])
+		if j == i {
+			return total, nil
+		}
+		q, err := encode(keys[i:j])
+		if err == nil && q.At != nil {
+			// A key that cannot be asked about ends the prefix: the keys
+			// before it are asked about alone.
+			q.Free()
+			j = i + slices.IndexFunc(keys[i:j], func(k string) bool { return !lookupKeyOK(k) })
+			if j == i {
+				return total, nil
+			}
+			q, err = encode(keys[i:j])
+		}
+		if err != nil {
+			return total, err
+		}
+		want := j - i
+		n, err := call(ctx, c, "prefix lookup", callPrefix, deadline, func(src lookupSource, ctx context.Context) (int, error) {
+			return checkedPrefix(src, ctx, q, want)
+		})
+		total += n
+		if err != nil || n < want || j < end {
+			return total, err
+		}
+		i = j
+	}
+	return total, nil
 }
 
 // checkedPrefix asks src for the prefix of keys, of which there are n.
@@ -293,17 +440,21 @@ func checkedPrefix(src lookupSource, ctx context.Context, keys encoded.Keys, n i
 	return count, err
 }
 
-// callInline runs fn on the caller's goroutine, ended when c's timeout
-// passes or ctx ends; one that ended so leaves a probe in flight
-// (overran).
-func callInline[T any](ctx context.Context, c *caller, what string, src lookupSource, kind callKind, fn func(lookupSource, context.Context) (T, error)) (T, error) {
+// callInline runs fn on the caller's goroutine, ended at deadline or when
+// ctx ends. One ended at its deadline that had the server's ear for half
+// the bound at least leaves a probe in flight (overran): the server let it
+// overrun. One ended sooner by the bound (the last part of a batch too
+// large to ask within it) says nothing of the server, and neither does
+// one whose caller's context ended.
+func callInline[T any](ctx context.Context, c *caller, what string, src lookupSource, kind callKind, deadline time.Time, fn func(lookupSource, context.Context) (T, error)) (T, error) {
 	var zero T
 	// A timer that cancels, rather than a deadline: a deadline would
 	// travel to the server (grpc-timeout), which would then keep a timer
 	// of its own for every call.
+	began := time.Now()
 	cctx, cancel := context.WithCancelCause(ctx)
 	var expired atomic.Bool
-	t := time.AfterFunc(c.timeout, func() {
+	t := time.AfterFunc(deadline.Sub(began), func() {
 		expired.Store(true)
 		cancel(errdefs.ErrNoReply)
 	})
@@ -313,14 +464,13 @@ func callInline[T any](ctx context.Context, c *caller, what string, src lookupSo
 	switch {
 	case err == nil:
 		return v, nil
-	case ctx.Err() != nil:
-		// Ended unanswered, as one that overran: the server may be
-		// stalled.
-		c.overran(src, nil, kind, nil)
-		return zero, fmt.Errorf("%s: %w", what, ctx.Err())
 	case expired.Load():
-		c.overran(src, nil, kind, nil)
-		return zero, fmt.Errorf("%s: %w within %v: %w", what, errdefs.ErrNoReply, c.timeout, context.DeadlineExceeded)
+		if time.Since(began) >= c.timeout/2 {
+			c.overran(src, nil, kind, nil)
+		}
+		return zero, noReply(what, c.timeout)
+	case ctx.Err() != nil:
+		return zero, callerLeft(what, ctx)
 	}
 	return zero, err
 }
@@ -371,7 +521,7 @@ func (c *caller) overran(src lookupSource, pool *daemonpool.Pool, kind callKind,
 			}
 			// Failed (the server refused the connection, a dial that
 			// timed out): ask again, paced, while src is the connection.
-			pause = probeRedial.Next(pause)
+			pause = backoff.Redial.Next(pause)
 			t := time.NewTimer(pause)
 			select {
 			case <-t.C:

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/bits"
 	"slices"
+	"strconv"
 	"unicode/utf8"
 )
 
@@ -73,11 +74,13 @@ func (p BlockTransferPlan) Validate() error { return invalid(p.validate()) }
 // in a job's error).
 func (p BlockTransferPlan) validate() error {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: key %q: %s", ErrInvalidPlan, p.Key, fmt.Sprintf(format, args...))
+		return fmt.Errorf("%w: key %s: %s", ErrInvalidPlan, quoteKey(p.Key), fmt.Sprintf(format, args...))
 	}
 	switch {
 	case p.Key == "":
 		return bad("key is empty")
+	case len(p.Key) > MaxKeyBytes:
+		return bad("key is %d bytes, over MaxKeyBytes (%d)", len(p.Key), MaxKeyBytes)
 	case !utf8.ValidString(p.Key):
 		return bad("key is not valid UTF-8")
 	case p.BlockID < 0:
@@ -282,6 +285,9 @@ func (p *LayoutPlanner) check(key string, group, blockID int) (*groupPlan, error
 	if key == "" {
 		return nil, fmt.Errorf("%w: empty key for group %d block %d", ErrInvalidPlan, group, blockID)
 	}
+	if len(key) > MaxKeyBytes {
+		return nil, fmt.Errorf("%w: key %s: key is %d bytes, over MaxKeyBytes (%d)", ErrInvalidPlan, quoteKey(key), len(key), MaxKeyBytes)
+	}
 	if !utf8.ValidString(key) {
 		return nil, fmt.Errorf("%w: key %q: key is not valid UTF-8", ErrInvalidPlan, key)
 	}
@@ -366,4 +372,14 @@ func (p *LayoutPlanner) planBlocks(blocks []Block) (plans []BlockTransferPlan, b
 		slab = slab[n:]
 	}
 	return plans, bad
+}
+
+// quoteKey quotes a key for an error, its first 64 bytes and its length
+// when it is longer.
+func quoteKey(key string) string {
+	const show = 64
+	if len(key) <= show {
+		return strconv.Quote(key)
+	}
+	return fmt.Sprintf("%q… (%d bytes)", key[:show], len(key))
 }

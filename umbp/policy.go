@@ -71,8 +71,7 @@ const (
 
 // A probe after a lock-step lookup overran (lookupcall.go) that failed
 // rather than waited (a connection refused, a dial that timed out) is made
-// again after pauses paced by probeRedial.
-var probeRedial = backoff.Policy{Base: 50 * time.Millisecond, Max: time.Second, Jitter: 0.2}
+// again after pauses paced by backoff.Redial, as a failed dial is.
 
 // A scheduler handle's calls run on at most lookupWorkers detached
 // goroutines a connection (calls in flight at once, from callers of their

@@ -11,7 +11,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
-	"github.com/umbp-go/umbp-go/internal/encoded"
 	"github.com/umbp-go/umbp-go/internal/errdefs"
 	"github.com/umbp-go/umbp-go/internal/loglimit"
 	"github.com/umbp-go/umbp-go/internal/replicaset"
@@ -134,54 +133,81 @@ func (h *SchedulerHandle) Stats() Stats {
 }
 
 // Lookup reports, for each key, whether the pool holds it. It returns one
-// bool per key, in order; any failure, a reply of the wrong length or no
-// reply within LookupTimeout answers all misses. A key that cannot be in
-// the pool (empty, not UTF-8) is a miss; the others are still asked about.
-// No keys answer an empty result without calling the server.
+// bool per key, in order; a key it has no answer for (any failure, a reply
+// of the wrong length, no reply within LookupTimeout, ctx ended) is a miss.
+// A key that cannot be in the pool (empty, over MaxKeyBytes, not UTF-8) is
+// a miss; the others are still asked about. No keys answer an empty result
+// without calling the server. [SchedulerHandle.LookupAnswers] also says
+// which keys were answered.
 func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
+	return h.LookupAnswers(ctx, keys).Hits
+}
+
+// Answers is what one lookup learned: a hit or a miss per key, and how far
+// it got an answer. A router tells "not in the pool" (a miss among the
+// answered keys) from "not asked, or not answered" (a key from Answered on)
+// by it, as Score's Complete does for a score.
+type Answers struct {
+	// Hits has one entry per key, in order: true where the pool holds it.
+	Hits []bool
+	// Answered is how many leading keys have an answer: each of them is in
+	// the pool if and only if its Hits entry is true (a key that cannot be
+	// in the pool, or is quarantined, is answered, a miss). The keys from
+	// Answered on were not asked or not answered, and are misses.
+	Answered int
+	// Err says why the keys from Answered on have no answer: the caller's
+	// context ended (matching its error), no reply within LookupTimeout
+	// (ErrNoReply), the server refused or failed the call, or the handle
+	// is reconnecting, closed or holding calls off. Nil when every key was
+	// answered.
+	Err error
+}
+
+// Complete reports whether every key was answered.
+func (a Answers) Complete() bool { return a.Err == nil && a.Answered == len(a.Hits) }
+
+// LookupAnswers is Lookup, with how far the call got an answer. A large
+// batch is asked in parts, in order, each encoded just before it is asked,
+// all within one LookupTimeout from the call: a batch too large to ask
+// within it is answered as far as it got, the rest misses.
+func (h *SchedulerHandle) LookupAnswers(ctx context.Context, keys []string) Answers {
+	deadline := time.Now().Add(h.calls.timeout)
+	out := Answers{Hits: make([]bool, len(keys))}
 	if len(keys) == 0 {
-		return []bool{}
+		return out
 	}
 	// The call may outlive this one (LookupTimeout), and the caller may
-	// reuse its keys once Lookup returns: the request is encoded here, and
+	// reuse its keys once Lookup returns: each part is encoded here, and
 	// the call sends the encoded bytes. The encoder, which reads every key
 	// anyway, leaves out the keys that cannot be asked about.
-	var out []bool
-	q, err := h.backend.encode(keys)
-	if err != nil || q.N > 0 { // a call, answered or not (keys all left out: none)
-		h.stats.lookups.Add(1)
+	h.stats.lookups.Add(1)
+	out.Answered, out.Err = h.calls.exists(ctx, deadline, h.backend.encode, keys, out.Hits)
+	if out.Err != nil && out.Answered > 0 {
+		out.Err = fmt.Errorf("%d of %d keys answered: %w", out.Answered, len(keys), out.Err)
 	}
-	if err == nil && q.N > 0 {
-		out, err = h.calls.exists(ctx, q)
+	if out.Err != nil {
+		h.logFailure("lookup", out.Err)
+		out.Err = opError("lookup", h.address, out.Err)
 	}
-	switch {
-	case err != nil:
-		h.logFailure("lookup", err)
-		out = make([]bool, len(keys))
-	case q.At != nil: // the keys left out are misses
-		all := make([]bool, len(keys))
-		for j, i := range q.At {
-			all[i] = out[j]
-		}
-		out = all
-	}
-	h.quarantine.mask(keys, out)
+	h.quarantine.mask(keys[:out.Answered], out.Hits)
 	n := uint64(0)
-	for _, hit := range out {
+	for _, hit := range out.Hits[:out.Answered] {
 		if hit {
 			n++
 		}
 	}
 	h.stats.hits.Add(n)
-	h.stats.misses.Add(uint64(len(out)) - n)
+	h.stats.misses.Add(uint64(len(keys)) - n)
 	return out
 }
 
 // lookupKeyOK reports whether key can be sent in a lookup.
-func lookupKeyOK(key string) bool { return key != "" && utf8.ValidString(key) }
+func lookupKeyOK(key string) bool {
+	return key != "" && len(key) <= MaxKeyBytes && utf8.ValidString(key)
+}
 
 // askable returns the leading keys that can be asked about: a key that
-// cannot (empty, not UTF-8) or is quarantined ends them.
+// cannot (empty, over MaxKeyBytes, not UTF-8) or is quarantined ends them.
 func (h *SchedulerHandle) askable(keys []string) []string {
 	if i := slices.IndexFunc(keys, func(k string) bool { return !lookupKeyOK(k) }); i >= 0 {
 		keys = keys[:i]
@@ -190,42 +216,19 @@ func (h *SchedulerHandle) askable(keys []string) []string {
 }
 
 // LookupPrefix returns how many leading keys the pool holds, under the same
-// rules as Lookup: any failure answers 0. A key that cannot be in the pool,
-// or is quarantined, ends the prefix.
+// rules as Lookup: a batch too large to ask within LookupTimeout counts
+// the keys answered by then, and any failure answers what the parts
+// answered before it (0 for a batch of one part). A key that cannot be in
+// the pool, or is quarantined, ends the prefix.
 func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
-	// An empty key ends the prefix here; one that is not UTF-8 once the
-	// encoder, which reads every key anyway, left it out (or failed the
-	// batch).
-	if i := slices.Index(keys, ""); i >= 0 {
-		keys = keys[:i]
-	}
-	keys = keys[:h.quarantine.first(keys)]
-	if len(keys) == 0 {
+	deadline := time.Now().Add(h.calls.timeout)
+	if len(keys) == 0 || !lookupKeyOK(keys[0]) {
 		return 0
 	}
 	h.stats.lookups.Add(1)
-	q, err := h.backend.encode(keys) // as in Lookup: the call may outlive this one
-	if err != nil || q.At != nil {
-		// A key not UTF-8 ends the prefix: the keys before it are asked
-		// about alone, even when a key after it failed the batch.
-		q.Free()
-		i := slices.IndexFunc(keys, func(k string) bool { return !utf8.ValidString(k) })
-		if i <= 0 {
-			h.stats.misses.Add(uint64(len(keys)))
-			return 0
-		}
-		h.stats.misses.Add(uint64(len(keys) - i))
-		keys = keys[:i]
-		q, err = h.backend.encode(keys)
-	}
-	var n int
-	if err == nil {
-		n, err = h.calls.prefix(ctx, q)
-	}
+	n, err := h.calls.prefix(ctx, deadline, h.backend.encode, h.quarantine.first, keys)
 	if err != nil {
 		h.logFailure("prefix lookup", err)
-		h.stats.misses.Add(uint64(len(keys)))
-		return 0
 	}
 	h.stats.hits.Add(uint64(n))
 	h.stats.misses.Add(uint64(len(keys) - n))
@@ -266,24 +269,21 @@ func (h *SchedulerHandle) Score(ctx context.Context, req ScoreRequest) (Scores, 
 	if err := req.check(); err != nil {
 		return Scores{}, invalid(err)
 	}
+	deadline := time.Now().Add(h.calls.timeout)
 	hashes, keys := req.blocks()
 	// The call may outlive this one (LookupTimeout), and the caller may
-	// reuse its slices once Score returns: it gets a copy of the hashes
-	// (their answer is checked against them) and the keys encoded.
-	hashes, keys = slices.Clone(h.askable(hashes)), h.askable(keys)
+	// reuse its slices once Score returns: it gets a copy of each (the
+	// hashes' answer is checked against them; the keys are encoded on the
+	// call's goroutine, within its bound).
+	hashes, keys = slices.Clone(h.askable(hashes)), slices.Clone(h.askable(keys))
 	out := req.empty()
 	if len(hashes) == 0 && len(keys) == 0 {
 		out.Complete = true
 		req.rank(&out, nil, 0)
 		return out, nil
 	}
-	var q encoded.Keys
-	var qErr error
-	if len(keys) > 0 {
-		q, qErr = h.backend.encode(keys)
-	}
 	h.stats.lookups.Add(1)
-	a, err := call(ctx, h.calls, "score", callOther, scoreQuery{hashes, keys, q, qErr}.ask)
+	a, err := call(ctx, h.calls, "score", callOther, deadline, scoreQuery{hashes, keys, h.backend.encode}.ask)
 	if err != nil {
 		h.logFailure("score", err)
 		return out, nil
@@ -319,7 +319,7 @@ func (h *SchedulerHandle) QuarantineKeys(keys []string) {
 // (context.DeadlineExceeded). A handle on the master is refused
 // (ErrNotSupported): a distributed pool is cleared by its nodes.
 func (h *SchedulerHandle) Clear(ctx context.Context) error {
-	cleared, err := call(ctx, h.calls, "Clear", callOther, lookupSource.clear)
+	cleared, err := call(ctx, h.calls, "Clear", callOther, time.Now().Add(h.calls.timeout), lookupSource.clear)
 	if err == nil && !cleared {
 		err = fmt.Errorf("%w: the server answered that it did not clear its pool", ErrRefused)
 	}
@@ -337,7 +337,7 @@ func (h *SchedulerHandle) Clear(ctx context.Context) error {
 // scheduler call; the answer also refreshes what [SchedulerHandle.Stats]
 // reports. Its error says why the server did not answer.
 func (h *SchedulerHandle) Ping(ctx context.Context) (ServerCapabilities, error) {
-	caps, err := call(ctx, h.calls, "Ping", callOther, lookupSource.ping)
+	caps, err := call(ctx, h.calls, "Ping", callOther, time.Now().Add(h.calls.timeout), lookupSource.ping)
 	return caps, opError("ping", h.address, err)
 }
 
@@ -363,13 +363,19 @@ func notAsked(err error) bool {
 	return errors.Is(err, errUnanswered) || errors.Is(err, errReconnecting) || errors.Is(err, ErrClosed) || errors.Is(err, replicaset.ErrStoreNotAsked) || errors.Is(err, replicaset.ErrNoReplica)
 }
 
+// logFailure counts a call left without an answer in exactly one of
+// Timeouts, Unasked, Cancelled and Failures, and warns of what an operator
+// must act on: the server's doing, never a caller's.
 func (h *SchedulerHandle) logFailure(op string, err error) {
 	switch {
 	case errors.Is(err, errdefs.ErrNoReply):
 		h.stats.timeouts.Add(1)
 	case notAsked(err):
 		h.stats.unasked.Add(1)
-	case !errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		h.stats.cancelled.Add(1) // the caller's context: its business
+		return
+	default:
 		h.stats.failures.Add(1)
 	}
 	if errors.Is(err, ErrClosed) || !h.failures.Allow(failureLogInterval) {

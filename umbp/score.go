@@ -222,13 +222,12 @@ func (r *ScoreRequest) rank(out *Scores, nodes []masterconn.NodeMatch, prefix in
 }
 
 // scoreQuery is what a Score asks: the block hashes of the external KV
-// index, and the pool's keys, encoded (or the error that encoding them
-// gave).
+// index, and the pool's keys, which encode encodes on the call's
+// goroutine.
 type scoreQuery struct {
 	hashes []string
 	keys   []string
-	q      encoded.Keys
-	qErr   error
+	encode func([]string) (encoded.Keys, error)
 }
 
 // scoreAnswer is a Score's two answers, each half's error apart.
@@ -247,12 +246,11 @@ func (s scoreQuery) ask(src lookupSource, ctx context.Context) (scoreAnswer, err
 	if len(s.hashes) > 0 {
 		wg.Go(func() { a.nodes, a.errs[0] = src.match(ctx, s.hashes) })
 	}
-	switch {
-	case len(s.keys) == 0:
-	case s.qErr != nil:
-		a.errs[1] = s.qErr
-	default:
-		a.prefix, a.errs[1] = checkedPrefix(src, ctx, s.q, len(s.keys))
+	if len(s.keys) > 0 {
+		var q encoded.Keys
+		if q, a.errs[1] = s.encode(s.keys); a.errs[1] == nil {
+			a.prefix, a.errs[1] = checkedPrefix(src, ctx, q, len(s.keys))
+		}
 	}
 	wg.Wait()
 	if a.errs[0] != nil && (a.errs[1] != nil || len(s.keys) == 0) {

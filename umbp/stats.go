@@ -45,19 +45,26 @@ type ReplicaStats struct {
 }
 
 // LookupStats are a scheduler handle's counters. A call is counted in
-// Calls, and, if it did not get an answer, in one of Timeouts, Failures and
-// Unasked.
+// Calls, and, if it did not get an answer for every key, in exactly one of
+// Timeouts, Failures, Unasked and Cancelled.
 type LookupStats struct {
-	Calls    uint64 // Lookup, LookupPrefix and Score calls that asked about keys
-	Hits     uint64 // keys answered present
-	Misses   uint64 // keys answered absent, including failed and unasked calls' keys
-	Timeouts uint64 // calls that got no reply within LookupTimeout
+	Calls  uint64 // Lookup, LookupPrefix and Score calls that asked about keys
+	Hits   uint64 // keys answered present
+	Misses uint64 // keys answered absent, including failed and unasked calls' keys
+	// Timeouts counts calls that got no reply within LookupTimeout for
+	// some of their keys: a stalled server, or a batch too large to ask
+	// within the bound.
+	Timeouts uint64
 	Failures uint64 // calls the server (or the transport) failed or refused
 	// Unasked counts calls answered misses at once without asking any
 	// server: while an earlier call it has not answered holds calls off,
 	// while the handle reconnects or is closed, or while the master's
 	// store is said to be out.
 	Unasked uint64
+	// Cancelled counts calls whose caller's context ended (cancelled, or
+	// its deadline passed) before they were answered: the caller's doing,
+	// which says nothing of the server and holds nothing off.
+	Cancelled uint64
 }
 
 // TransferStats are a worker handle's counters, and its blocked and
@@ -84,17 +91,18 @@ type TransferStats struct {
 
 // lookupCounters are a scheduler handle's live counters.
 type lookupCounters struct {
-	lookups, hits, misses, timeouts, failures, unasked atomic.Uint64
+	lookups, hits, misses, timeouts, failures, unasked, cancelled atomic.Uint64
 }
 
 func (c *lookupCounters) snapshot() LookupStats {
 	return LookupStats{
-		Calls:    c.lookups.Load(),
-		Hits:     c.hits.Load(),
-		Misses:   c.misses.Load(),
-		Timeouts: c.timeouts.Load(),
-		Failures: c.failures.Load(),
-		Unasked:  c.unasked.Load(),
+		Calls:     c.lookups.Load(),
+		Hits:      c.hits.Load(),
+		Misses:    c.misses.Load(),
+		Timeouts:  c.timeouts.Load(),
+		Failures:  c.failures.Load(),
+		Unasked:   c.unasked.Load(),
+		Cancelled: c.cancelled.Load(),
 	}
 }
 

@@ -10,6 +10,12 @@ import (
 	grpcbackoff "google.golang.org/grpc/backoff"
 )
 
+// Redial is the one pace at which a server that failed a dial, or a probe,
+// is asked again: from 50 ms, doubling up to 1 s, ±20%. The lock-step
+// connections' dials (internal/h2call's default, internal/conn's lookup
+// connections) and the probe after a lookup that overran (umbp) use it.
+var Redial = Policy{Base: 50 * time.Millisecond, Max: time.Second, Jitter: 0.2}
+
 // Policy paces attempts: the first pause is Base, each later one Factor
 // times the one before, never more than Max; with Jitter, each pause is
 // drawn from within ±Jitter of that.

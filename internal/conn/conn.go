@@ -37,6 +37,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/stats"
 
+	"github.com/umbp-go/umbp-go/internal/backoff"
 	"github.com/umbp-go/umbp-go/internal/errdefs"
 	"github.com/umbp-go/umbp-go/internal/fdpass"
 	"github.com/umbp-go/umbp-go/internal/h2call"
@@ -231,7 +232,7 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 			lockStep, err = h2call.New(h2call.Options{
 				Dial:          c.dialLookup,
 				MaxReplyBytes: rpc.MaxMessageSize,
-				Redial:        lookupRedial,
+				Redial:        backoff.Redial,
 				UserAgent:     "umbp-go",
 				StatsHandler:  opts.StatsHandler,
 			})

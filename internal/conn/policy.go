@@ -1,9 +1,6 @@
 package conn
 
 import (
-	"time"
-
-	"github.com/umbp-go/umbp-go/internal/backoff"
 	"github.com/umbp-go/umbp-go/internal/rpc"
 )
 
@@ -31,8 +28,7 @@ const (
 )
 
 // A lookup connection that could not be dialled is dialled again after
-// pauses paced by lookupRedial (meanwhile lookups fail at once).
-var lookupRedial = backoff.Policy{Base: 50 * time.Millisecond, Max: time.Second, Jitter: 0.2}
+// pauses paced by backoff.Redial (meanwhile lookups fail at once).
 
 // maxRecycledRanges bounds the ranged requests kept for reuse: 64 Ki
 // ranges, about 2.5 MiB of arrays.

@@ -40,7 +40,7 @@ func Send(ctx context.Context, path string, fd int, reg Registration, check Peer
 		return err
 	}
 	if fd < 0 {
-		return fmt.Errorf("fdpass: invalid file descriptor %d", fd)
+		return fmt.Errorf("invalid file descriptor %d", fd)
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -52,12 +52,12 @@ func Send(ctx context.Context, path string, fd int, reg Registration, check Peer
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
-		return fmt.Errorf("fdpass: connect to %s: %w", path, err)
+		return fmt.Errorf("connect to %s: %w", path, ctxErr(ctx, err))
 	}
 	conn := c.(*net.UnixConn)
 	defer conn.Close()
 	if err := conn.SetDeadline(deadline); err != nil {
-		return fmt.Errorf("fdpass: %s: %w", path, err)
+		return fmt.Errorf("%s: %w", path, err)
 	}
 	// The context may end before the deadline: a deadline in the past then
 	// unblocks the write or read. Set after the deadline above, so that a
@@ -71,25 +71,25 @@ func Send(ctx context.Context, path string, fd int, reg Registration, check Peer
 	}
 	n, oobn, err := conn.WriteMsgUnix(msg, unix.UnixRights(fd), nil)
 	if err != nil {
-		return fmt.Errorf("fdpass: send registration to %s: %w", path, ctxErr(ctx, err))
+		return fmt.Errorf("send registration to %s: %w", path, ctxErr(ctx, err))
 	}
 	if n != len(msg) || oobn == 0 {
-		return fmt.Errorf("fdpass: send registration to %s: short write (%d of %d bytes)", path, n, len(msg))
+		return fmt.Errorf("send registration to %s: short write (%d of %d bytes)", path, n, len(msg))
 	}
 	var reply [4]byte
 	if _, err := io.ReadFull(conn, reply[:]); err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			return fmt.Errorf("fdpass: %s closed without a status: %w", path, ErrBadReply)
+			return fmt.Errorf("%s closed without a status: %w", path, ErrBadReply)
 		}
-		return fmt.Errorf("fdpass: read status from %s: %w", path, ctxErr(ctx, err))
+		return fmt.Errorf("read status from %s: %w", path, ctxErr(ctx, err))
 	}
 	switch status := int32(binary.LittleEndian.Uint32(reply[:])); status {
 	case StatusOK:
 		return nil
 	case StatusFailed:
-		return fmt.Errorf("fdpass: %s: client %q base %#x size %d: %w", path, reg.ClientID, reg.WorkerBase, reg.Size, ErrRejected)
+		return fmt.Errorf("%s: client %q base %#x size %d: %w", path, reg.ClientID, reg.WorkerBase, reg.Size, ErrRejected)
 	default:
-		return fmt.Errorf("fdpass: %s: status %d: %w", path, status, ErrBadReply)
+		return fmt.Errorf("%s: status %d: %w", path, status, ErrBadReply)
 	}
 }
 
@@ -118,7 +118,7 @@ var oobSpace = unix.CmsgSpace(2 * 4)
 // bounded by deadline.
 func Receive(conn *net.UnixConn, deadline time.Time) (Registration, *os.File, error) {
 	if err := conn.SetReadDeadline(deadline); err != nil {
-		return Registration{}, nil, fmt.Errorf("fdpass: %w", err)
+		return Registration{}, nil, fmt.Errorf("%w", err)
 	}
 	buf := make([]byte, MessageSize+1)
 	oob := make([]byte, oobSpace)
@@ -131,7 +131,7 @@ func Receive(conn *net.UnixConn, deadline time.Time) (Registration, *os.File, er
 		}
 	}()
 	if err != nil {
-		return Registration{}, nil, fmt.Errorf("fdpass: receive registration: %w", err)
+		return Registration{}, nil, fmt.Errorf("receive registration: %w", err)
 	}
 	if flags&unix.MSG_CTRUNC != 0 {
 		return Registration{}, nil, fmt.Errorf("%w: control data truncated (more than one descriptor?)", ErrInvalidMessage)
@@ -169,12 +169,12 @@ func Receive(conn *net.UnixConn, deadline time.Time) (Registration, *os.File, er
 // Reply sends the int32 status that ends a registration, bounded by deadline.
 func Reply(conn *net.UnixConn, status int32, deadline time.Time) error {
 	if err := conn.SetWriteDeadline(deadline); err != nil {
-		return fmt.Errorf("fdpass: %w", err)
+		return fmt.Errorf("%w", err)
 	}
 	var b [4]byte
 	binary.LittleEndian.PutUint32(b[:], uint32(status))
 	if _, err := conn.Write(b[:]); err != nil {
-		return fmt.Errorf("fdpass: send status: %w", err)
+		return fmt.Errorf("send status: %w", err)
 	}
 	return nil
 }

@@ -109,9 +109,6 @@ const (
 	DefaultAuthority = "localhost"
 )
 
-// defaultRedial paces dials after a failed one when Options.Redial is zero.
-var defaultRedial = backoff.Policy{Base: 50 * time.Millisecond, Max: time.Second, Jitter: 0.2}
-
 // Variables so that tests can change them.
 var (
 	// idlePeek: a connection idle for longer is checked, without waiting,
@@ -207,7 +204,7 @@ func New(opts Options) (*Client, error) {
 		all:         map[*conn]struct{}{},
 	}
 	if c.redial == (backoff.Policy{}) {
-		c.redial = defaultRedial
+		c.redial = backoff.Redial
 	}
 	if c.authority == "" {
 		c.authority = DefaultAuthority
@@ -420,11 +417,16 @@ func (c *Client) connect(ctx context.Context) (*conn, error) {
 		}
 	}
 	if err != nil {
+		// A dial cut off by its caller's context (ended, or its deadline
+		// passed: the dial's own timeout can fire before the context's
+		// timer does) says nothing of the server: no pause for the next.
 		switch {
 		case c.isClosed():
 			return nil, closedFailure()
 		case ctx.Err() != nil:
 			return nil, ctxFailure(ctx.Err())
+		case deadlinePassed(ctx):
+			return nil, ctxFailure(context.DeadlineExceeded)
 		}
 		err = transportFailure(err, "connection error: transport: error while dialing")
 		c.mu.Lock()

@@ -38,8 +38,9 @@ type answer[T any] struct {
 // asking are cancelled and, overtaken call after call, set aside. When
 // every replica asked failed, the call fails with their errors; when they
 // all said their store is unavailable, with ErrStoreUnavailable. It
-// returns ctx's error once ctx ends, the replicas that had not answered
-// then suspect.
+// returns ctx's error once ctx ends; the replicas that had not answered
+// are then suspect only if ctx ended at its caller's bound (its cause
+// errdefs.ErrNoReply), never for a caller's own cancel.
 //
 // start, on the caller's goroutine, makes what runs the call on one
 // replica's channel (it may take what the call sends, such as a share of
@@ -231,24 +232,23 @@ func (c *call[T]) take(a answer[T]) (v T, err error, done bool) {
 	return v, errors.Join(c.errs...), true
 }
 
-// unanswered marks suspect the replicas the call asked that had not
-// answered when its context ended, unless they answered a beat sent since
-// the call began (alive, and slow: a store or a host slow for every
-// replica alike makes none of them suspect, and holds no call off); and,
-// when it ended at its caller's bound (its cause errdefs.ErrNoReply)
-// rather than by the caller's own context, has the store checked through
-// one of them.
+// unanswered, when the call ended at its caller's bound (its cause
+// errdefs.ErrNoReply) rather than by the caller's own context, marks
+// suspect the replicas the call asked that had not answered, unless they
+// answered a beat sent since the call began (alive, and slow: a store or
+// a host slow for every replica alike makes none of them suspect, and
+// holds no call off), and has the store checked through one of them.
 func (c *call[T]) unanswered() {
+	if !errors.Is(context.Cause(c.ctx), errdefs.ErrNoReply) {
+		return // its caller's own context ended it: the caller's business
+	}
 	now := time.Now().UnixNano()
-	timedOut := errors.Is(context.Cause(c.ctx), errdefs.ErrNoReply)
 	for i, r := range c.s.replicas {
 		if c.tried[i] && !c.answered[i] {
 			if !r.aliveSince(c.began) {
 				r.suspect.Store(now)
 			}
-			if timedOut {
-				c.s.store.suspect(r)
-			}
+			c.s.store.suspect(r)
 		}
 	}
 }

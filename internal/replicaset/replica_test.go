@@ -100,11 +100,12 @@ func TestHedgeDelayPerKind(t *testing.T) {
 	}
 }
 
-// A call left unanswered makes the replicas it asked suspect; the store is
-// checked only when the call ended at its caller's bound, not when the
-// caller's own context ended it (an engine that cancels its lookups costs
-// the master no extra call).
-func TestUnansweredChecksTheStoreOnTimeoutOnly(t *testing.T) {
+// A call its caller's own context ended is the caller's business: no
+// replica it asked is suspect, and the store is not checked (an engine that
+// cancels its lookups costs the master nothing). One left unanswered at its
+// caller's bound makes the replicas that had not answered suspect, and has
+// the store checked through one of them.
+func TestUnansweredOnlyAtTheBound(t *testing.T) {
 	rs := []*replica{{idx: 0}, {idx: 1}}
 	s := &Set{replicas: rs, store: newStoreWatch(rs, "m", time.Second, nil)}
 	c := &call[bool]{s: s, tried: []bool{true, true}, answered: []bool{true, false}, began: time.Now().UnixNano()}
@@ -113,8 +114,8 @@ func TestUnansweredChecksTheStoreOnTimeoutOnly(t *testing.T) {
 	cancel()
 	c.ctx = ctx
 	c.unanswered()
-	if rs[0].suspect.Load() != 0 || rs[1].suspect.Load() == 0 {
-		t.Fatalf("suspect after a call the caller ended: %d, %d; want only the replica that had not answered", rs[0].suspect.Load(), rs[1].suspect.Load())
+	if rs[0].suspect.Load() != 0 || rs[1].suspect.Load() != 0 {
+		t.Fatalf("suspect after a call the caller ended: %d, %d; want none", rs[0].suspect.Load(), rs[1].suspect.Load())
 	}
 	select {
 	case r := <-s.store.check:
@@ -128,6 +129,9 @@ func TestUnansweredChecksTheStoreOnTimeoutOnly(t *testing.T) {
 	defer cancelChild()
 	c.ctx = child
 	c.unanswered()
+	if rs[0].suspect.Load() != 0 || rs[1].suspect.Load() == 0 {
+		t.Fatalf("suspect after a call that ran out its bound: %d, %d; want only the replica that had not answered", rs[0].suspect.Load(), rs[1].suspect.Load())
+	}
 	select {
 	case r := <-s.store.check:
 		if r != rs[1] {
@@ -139,16 +143,16 @@ func TestUnansweredChecksTheStoreOnTimeoutOnly(t *testing.T) {
 }
 
 // A replica that answered a beat sent since the call began is alive: a
-// call left unanswered on it (a slow store, a busy host) makes it no
-// suspect.
+// call left unanswered at its bound on it (a slow store, a busy host)
+// makes it no suspect.
 func TestUnansweredAliveReplicaIsNotSuspect(t *testing.T) {
 	rs := []*replica{{idx: 0}, {idx: 1}}
 	s := &Set{replicas: rs, store: newStoreWatch(rs, "m", time.Second, nil)}
 	began := time.Now().UnixNano()
 	rs[0].beats.ackedSent.Store(began + 1)
 	c := &call[bool]{s: s, tried: []bool{true, true}, answered: []bool{false, false}, began: began}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(errdefs.ErrNoReply)
 	c.ctx = ctx
 	c.unanswered()
 	if rs[0].suspect.Load() != 0 || rs[1].suspect.Load() == 0 {

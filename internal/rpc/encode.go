@@ -17,8 +17,8 @@ import (
 // EncodeKeys encodes keys as op's request, a message whose field is the
 // repeated string of keys, on the caller's goroutine, cut into requests of
 // at most limit bytes: the call that sends them reads only the encoded
-// bytes. An empty key, or one that is not UTF-8 (which the encoder refuses),
-// fails the whole batch with an ErrInvalidArgument that names it; nothing
+// bytes. An empty key, one over MaxKeyBytes, or one that is not UTF-8
+// (which the encoder refuses), fails the whole batch with an ErrInvalidArgument that names it; nothing
 // is encoded then.
 func EncodeKeys(op string, field protowire.Number, keys []string, limit int) (encoded.Keys, error) {
 	k, _, err := encodeKeys(op, field, keys, limit)
@@ -26,7 +26,7 @@ func EncodeKeys(op string, field protowire.Number, keys []string, limit int) (en
 }
 
 // EncodeAskable is EncodeKeys for a lookup that answers a key it cannot ask
-// about (empty, not UTF-8) as a miss: such keys are left out, and the
+// about (empty, over MaxKeyBytes, not UTF-8) as a miss: such keys are left out, and the
 // result's At says where the others are in keys. A batch of such keys
 // only is no keys (N 0); its At is empty, not nil.
 func EncodeAskable(op string, field protowire.Number, keys []string, limit int) (encoded.Keys, error) {
@@ -39,7 +39,7 @@ func EncodeAskable(op string, field protowire.Number, keys []string, limit int) 
 	ask := make([]string, 0, len(keys)-1)
 	at := make([]int, 0, len(keys)-1)
 	for i, key := range keys {
-		if key != "" && utf8.ValidString(key) {
+		if key != "" && len(key) <= MaxKeyBytes && utf8.ValidString(key) {
 			ask = append(ask, key)
 			at = append(at, i)
 		}
@@ -59,8 +59,11 @@ func EncodeAskable(op string, field protowire.Number, keys []string, limit int) 
 func encodeKeys(op string, field protowire.Number, keys []string, limit int) (_ encoded.Keys, bad int, _ error) {
 	total := 0
 	for i, k := range keys {
-		if k == "" {
+		switch {
+		case k == "":
 			return encoded.Keys{}, i, Invalid(op, "key %d is empty", i)
+		case len(k) > MaxKeyBytes:
+			return encoded.Keys{}, i, Invalid(op, "key %d is %d bytes, over the %d-byte limit", i, len(k), MaxKeyBytes)
 		}
 		total += len(k)
 	}

@@ -16,4 +16,8 @@ const (
 	MaxHashes = 4096
 	// MaxNodes bounds the nodes one external-KV match may name.
 	MaxNodes = 4096
+	// MaxKeyBytes bounds a key: a longer one is refused alone, before
+	// anything is sent (a lookup answers it as a miss, a transfer fails
+	// it). vLLM's keys are under 200 bytes.
+	MaxKeyBytes = 64 << 10
 )
