@@ -350,6 +350,10 @@ func TestOversizedKeyFailsOnlyItsTransfer(t *testing.T) {
 func TestAttachWithEndedContext(t *testing.T) {
 	srv := newServer(t, umbptest.Options{})
 	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	crt, err := umbp.NewClusterRuntime(clusterConfig(t, umbptest.NewMaster(t, umbptest.MasterOptions{}).Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
 	expired, cancel2 := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
@@ -373,6 +377,8 @@ func TestAttachWithEndedContext(t *testing.T) {
 		check("NewSchedulerHandle", err)
 		_, err = rt.NewWorkerHandle(c.ctx, nil)
 		check("NewWorkerHandle", err)
+		_, err = crt.NewSchedulerHandle(c.ctx)
+		check("ClusterRuntime.NewSchedulerHandle", err)
 	}
 	e := newEngine(t, rt, 1, 1, 4096)
 	buf, err := umbp.NewHostBuffer(4096)

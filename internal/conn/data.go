@@ -6,7 +6,6 @@ import (
 	"errors"
 	"sync"
 
-	"github.com/umbp-go/umbp-go/internal/h2call"
 	"github.com/umbp-go/umbp-go/internal/rpc"
 	"google.golang.org/protobuf/proto"
 
@@ -205,7 +204,7 @@ func (c *Conn) rangedCall(op string, objs []Object, total int, put bool) func(co
 
 // invokeTransfer sends a transfer's request: lock-step on a transfer
 // connection that is free, else (every one busy, Options.GRPCTransfers, or
-// a lock-step call that could not go out: h2call.ErrNotSent) through the
+// a lock-step call that could not go out: rpc.ErrNotSent) through the
 // gRPC channel. Either way the request is made once.
 func (c *Conn) invokeTransfer(ctx context.Context, method string, req transferRequest, resp proto.Message) error {
 	if c.transfers != nil {
@@ -216,7 +215,7 @@ func (c *Conn) invokeTransfer(ctx context.Context, method string, req transferRe
 			*buf = b
 			transferBufs.Put(buf)
 		}
-		if sent && !errors.Is(err, h2call.ErrNotSent) {
+		if sent && !errors.Is(err, rpc.ErrNotSent) {
 			return err
 		}
 	}

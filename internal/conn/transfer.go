@@ -99,7 +99,7 @@ func (t *Transfer) Run(mayPause bool) bool {
 		}
 		err := t.call.Err()
 		t.release()
-		if !errors.Is(err, h2call.ErrNotSent) {
+		if !errors.Is(err, rpc.ErrNotSent) {
 			t.end(err)
 			return true
 		}

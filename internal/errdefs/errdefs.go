@@ -20,8 +20,15 @@ var (
 	// ErrUntrustedServer means the server's sockets or process failed the
 	// identity check made before any memory is shared with it.
 	ErrUntrustedServer = errors.New("untrusted server")
-	// ErrClosed means the handle (or its connection) was closed.
+	// ErrClosed means the handle (or its connection, or a lock-step
+	// client) was closed.
 	ErrClosed = errors.New("handle is closed")
+	// ErrNotSent means a request never reached a server that could process
+	// it: refused before it was sent, no connection to be had, or refused
+	// unprocessed. The server never saw it, nor used the memory it names;
+	// it may be made another way. internal/h2call and internal/rpc return
+	// it, by this one value.
+	ErrNotSent = errors.New("request not sent")
 	// ErrNoReply is the cause a call is ended with when it got no reply
 	// within its bound (a scheduler call's LookupTimeout), as told apart
 	// from its caller's own context ending.

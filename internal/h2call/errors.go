@@ -2,7 +2,6 @@ package h2call
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -10,19 +9,23 @@ import (
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/umbp-go/umbp-go/internal/errdefs"
 )
 
 // ErrClosed is the cause of a call refused, or cut short, because the
 // client was closed. Such a call's status is codes.Canceled, as grpc-go's
-// for a closing ClientConn.
-var ErrClosed = errors.New("the client is closed")
+// for a closing ClientConn. It is the module's one closed error
+// (errdefs.ErrClosed).
+var ErrClosed = errdefs.ErrClosed
 
 // ErrNotSent matches the failure of a call none of whose request reached
 // a server that could process it: no connection could be had, or every
 // attempt was refused unprocessed (REFUSED_STREAM, a GOAWAY below its
 // stream) or cut off before its request was all written. Such a call was
-// never made; a caller may make it another way.
-var ErrNotSent = errors.New("the request was not sent")
+// never made; a caller may make it another way. It is the module's one
+// not-sent error (errdefs.ErrNotSent, which internal/rpc returns too).
+var ErrNotSent = errdefs.ErrNotSent
 
 // notSentError is a failure that matches ErrNotSent, with the status of
 // the failure it wraps.

@@ -24,8 +24,8 @@ var (
 	// anything was sent; such an error also matches ErrNotSent.
 	ErrInvalidArgument = errors.New("invalid argument")
 	// ErrNotSent means the request was refused before it was sent: the
-	// server never saw it, nor used the memory it names.
-	ErrNotSent = errors.New("request not sent")
+	// server never saw it, nor used the memory it names (errdefs').
+	ErrNotSent = errdefs.ErrNotSent
 	// ErrUnimplemented means the server does not know the method: a v1
 	// server answering a v2-only call such as a ranged batch.
 	ErrUnimplemented = errors.New("method not implemented by the server")
