@@ -420,6 +420,8 @@ func TestFakeRuntimeGPUScenarios(t *testing.T) {
 		{"SeveralAllocations", scenarioSeveralAllocations},
 		{"Reregistration", scenarioReregistration},
 		{"AfterStream", scenarioAfterStream},
+		{"WaitRunsTheJob", scenarioWaitRunsTheJob},
+		{"TransferGoroutines", scenarioTransferGoroutines},
 		{"Bandwidth", scenarioBandwidth},
 	} {
 		t.Run(sc.name, func(t *testing.T) { sc.run(t, e) })
@@ -443,9 +445,16 @@ func TestFakeRuntimeTwoProcessScenarios(t *testing.T) {
 	}
 	t.Cleanup(umbp.SetGPURuntime(rt, nil))
 	bin := serverBinary(t)
-	e := gpuEnv{rt: rt, dev: fakeDev, small: true, server: func(t *testing.T, capacity string) string {
-		return gpuServerProcess(t, bin, capacity, hip.EnvHIPLibrary+"="+lib)
-	}}
+	libEnv := hip.EnvHIPLibrary + "=" + lib
+	e := gpuEnv{rt: rt, dev: fakeDev, small: true,
+		server: func(t *testing.T, capacity string) string {
+			return gpuServerProcess(t, bin, capacity, libEnv)
+		},
+		process: func(t *testing.T, endpoint, capacity string) *gpuProc {
+			return startGPUProc(t, bin, endpoint, capacity, libEnv)
+		},
+		childEnv: []string{libEnv},
+	}
 	for _, sc := range []struct {
 		name string
 		run  func(*testing.T, gpuEnv)
@@ -453,6 +462,11 @@ func TestFakeRuntimeTwoProcessScenarios(t *testing.T) {
 		{"InteriorManyRanges", scenarioInteriorManyRanges},
 		{"Reregistration", scenarioReregistration},
 		{"AfterStream", scenarioAfterStream},
+		{"WaitRunsTheJob", scenarioWaitRunsTheJob},
+		{"WaitPaused", scenarioWaitPaused},
+		{"TransferGoroutines", scenarioTransferGoroutines},
+		{"ServerRestart", scenarioServerRestart},
+		{"CrashedClient", scenarioCrashedClient},
 	} {
 		t.Run(sc.name, func(t *testing.T) { sc.run(t, e) })
 	}
