@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -469,5 +471,31 @@ func TestFakeRuntimeTwoProcessScenarios(t *testing.T) {
 		{"CrashedClient", scenarioCrashedClient},
 	} {
 		t.Run(sc.name, func(t *testing.T) { sc.run(t, e) })
+	}
+}
+
+// TestFakeRuntimeGPUPathNotRun: where the GPU runtime refuses a path (here
+// the server's runtime cannot open the worker's IPC handles), a TestGPU
+// test says so by name, with the runtime's reason, and fails: the GPU
+// check reports the path as not run, neither passed nor skipped. The test
+// runs TestGPUWaitRunsTheJob as the GPU check does, in a process of its
+// own, on the fake runtime.
+func TestFakeRuntimeGPUPathNotRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the server binary")
+	}
+	lib := hiptest.BuildFake(t, "libamdhip64.so.6", "-DFAKE_HIP6", "-DFAKE_SHARED")
+	bin := serverBinary(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestGPUWaitRunsTheJob$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), hip.EnvHIPLibrary+"="+lib, envGPUServerBin+"="+bin, envGPUEndpoint+"=",
+		"UMBP_FAKE_IPC_OPEN_FAILS=1")
+	out, err := cmd.CombinedOutput()
+	if _, ok := err.(*exec.ExitError); !ok {
+		t.Fatalf("the test passed, or did not run (%v), where the server cannot open IPC handles:\n%s", err, out)
+	}
+	for _, want := range []string{"GPU PATH NOT RUN: TestGPUWaitRunsTheJob: GPU memory registered by IPC handle: ", "hipIpcOpenMemHandle failed", "--- FAIL: TestGPUWaitRunsTheJob"} {
+		if !strings.Contains(string(out), want) {
+			t.Fatalf("its output does not say %q:\n%s", want, out)
+		}
 	}
 }
