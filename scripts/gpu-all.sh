@@ -9,11 +9,25 @@
 #
 #   dist/gpu-all.sh LOGDIR
 #
+# Where dist/gpu-check and dist/gpu-race are absent, it runs them from
+# dist/gpu-bundles.tar.gz (`make gpu-all`), unpacked in a temporary
+# directory: dist/gpu-all.sh and the archive are all a GPU host needs.
+#
 # Its exit status is the worse of the bundles': 1 (a step failed or was
 # not run for want of time) before 2 (a path the GPU runtime refused)
 # before 3 (no usable GPU runtime) before 0 (every step passed).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
+if [ ! -x "$here/gpu-check/run.sh" ] && [ ! -x "$here/gpu-race/run.sh" ] && [ -f "$here/gpu-bundles.tar.gz" ]; then
+	unpacked=$(mktemp -d)
+	trap 'rm -rf "$unpacked"' EXIT
+	if ! tar -C "$unpacked" -xzf "$here/gpu-bundles.tar.gz"; then
+		echo "== gpu-all: cannot unpack $here/gpu-bundles.tar.gz"
+		exit 1
+	fi
+	echo "== gpu-all: the bundles of $here/gpu-bundles.tar.gz, unpacked in $unpacked"
+	here=$unpacked
+fi
 logdir=${1:-$PWD/gpu-logs-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$logdir"
 logdir=$(cd "$logdir" && pwd)
@@ -27,7 +41,7 @@ for b in gpu-check gpu-race; do
 	budget=$GPU_CHECK_BUDGET
 	[ "$b" = gpu-race ] && budget=$GPU_RACE_BUDGET
 	if [ ! -x "$here/$b/run.sh" ]; then
-		echo "== $b: FAIL (no $here/$b/run.sh: make $b builds it)" | tee -a "$all"
+		echo "== $b: FAIL (no $here/$b/run.sh: make gpu-all builds it)" | tee -a "$all"
 		results+=("$b: FAIL (missing)")
 		codes+=(1)
 		continue
