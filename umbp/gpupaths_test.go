@@ -308,11 +308,12 @@ func waitBack(t *testing.T, ws ...*umbp.WorkerHandle) {
 
 // TestGPUServerRestart: two handles register one allocation; the server is
 // stopped with a store in flight, killed, and a new one started on the
-// same endpoint. The store fails, and not before the old server is gone;
-// both handles register the allocation again with the new server by
-// themselves; blocks the old server held are misses that leave the memory
-// untouched; new blocks move byte-exactly between the handles. Closed,
-// the handles leave the server no mapping of the memory before it is freed.
+// same endpoint. The store, running (its memory in use) while the stopped
+// server holds it, fails once the server is killed; both handles register
+// the allocation again with the new server by themselves; blocks the old
+// server held are misses that leave the memory untouched; new blocks move
+// byte-exactly between the handles. Closed, the handles leave the server
+// no mapping of the memory before it is freed.
 func TestGPUServerRestart(t *testing.T) { scenarioServerRestart(t, realGPU(t)) }
 
 func scenarioServerRestart(t *testing.T, e gpuEnv) {
