@@ -95,10 +95,12 @@ clean:
 	$(GO) clean -testcache
 
 # The GPU check, for a host with a GPU and neither Go nor network: test
-# binaries, the server and run.sh (scripts/gpu-check.sh) in dist/gpu-check/.
-# Copy that directory to the GPU host and run ./run.sh there.
+# binaries, the server, run.sh (scripts/gpu-check.sh) and steps.sh
+# (scripts/gpu-steps.sh) in dist/gpu-check/, and dist/gpu-all.sh, which runs
+# this bundle and dist/gpu-race/. Copy dist/ to the GPU host and run
+# dist/gpu-all.sh LOGDIR there (or dist/gpu-check/run.sh alone).
 GPU_CHECK := dist/gpu-check
-.PHONY: gpu-check
+.PHONY: gpu-check gpu-race gpu-all
 gpu-check:
 	rm -rf $(GPU_CHECK) && mkdir -p $(GPU_CHECK)
 	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -c -ldflags='-s -w' -o $(GPU_CHECK)/hip.test ./internal/hip
@@ -106,16 +108,28 @@ gpu-check:
 	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -c -ldflags='-s -w' -o $(GPU_CHECK)/umbp.test ./umbp
 	CGO_ENABLED=1 GOARCH=amd64 $(GO) build -C cmd/umbp-standalone-server -ldflags='-s -w' -o $(CURDIR)/$(GPU_CHECK)/umbp-standalone-server .
 	install -m 0755 scripts/gpu-check.sh $(GPU_CHECK)/run.sh
+	install -m 0644 scripts/gpu-steps.sh $(GPU_CHECK)/steps.sh
+	install -m 0755 scripts/gpu-all.sh dist/gpu-all.sh
 	(git describe --always --dirty 2>/dev/null || echo unknown) >$(GPU_CHECK)/BUILD
 
 # The same GPU tests under the race detector, worker and server both: test
-# binaries, the server and run.sh (scripts/gpu-race.sh) in dist/gpu-race/.
+# binaries, the server, run.sh (scripts/gpu-race.sh) and steps.sh in
+# dist/gpu-race/, and dist/gpu-all.sh.
 GPU_RACE := dist/gpu-race
-.PHONY: gpu-race
 gpu-race:
 	rm -rf $(GPU_RACE) && mkdir -p $(GPU_RACE)
 	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -race -c -ldflags='-s -w' -o $(GPU_RACE)/server.test ./internal/server
 	CGO_ENABLED=1 GOARCH=amd64 $(GO) test -race -c -ldflags='-s -w' -o $(GPU_RACE)/umbp.test ./umbp
 	CGO_ENABLED=1 GOARCH=amd64 $(GO) build -C cmd/umbp-standalone-server -race -ldflags='-s -w' -o $(CURDIR)/$(GPU_RACE)/umbp-standalone-server .
 	install -m 0755 scripts/gpu-race.sh $(GPU_RACE)/run.sh
+	install -m 0644 scripts/gpu-steps.sh $(GPU_RACE)/steps.sh
+	install -m 0755 scripts/gpu-all.sh dist/gpu-all.sh
 	(git describe --always --dirty 2>/dev/null || echo unknown) >$(GPU_RACE)/BUILD
+
+# Both bundles, and both in dist/gpu-bundles.tar.gz (about 40 MB, where
+# the directories are 100): on the GPU host, from the directory that holds
+# dist/, dist/gpu-all.sh LOGDIR runs them (under 7 minutes for both,
+# whatever happens), from the directories or, where they are absent, from
+# the archive beside it.
+gpu-all: gpu-check gpu-race
+	tar -C dist -czf dist/gpu-bundles.tar.gz gpu-check gpu-race

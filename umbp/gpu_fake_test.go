@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -420,6 +422,8 @@ func TestFakeRuntimeGPUScenarios(t *testing.T) {
 		{"SeveralAllocations", scenarioSeveralAllocations},
 		{"Reregistration", scenarioReregistration},
 		{"AfterStream", scenarioAfterStream},
+		{"WaitRunsTheJob", scenarioWaitRunsTheJob},
+		{"TransferGoroutines", scenarioTransferGoroutines},
 		{"Bandwidth", scenarioBandwidth},
 	} {
 		t.Run(sc.name, func(t *testing.T) { sc.run(t, e) })
@@ -443,9 +447,16 @@ func TestFakeRuntimeTwoProcessScenarios(t *testing.T) {
 	}
 	t.Cleanup(umbp.SetGPURuntime(rt, nil))
 	bin := serverBinary(t)
-	e := gpuEnv{rt: rt, dev: fakeDev, small: true, server: func(t *testing.T, capacity string) string {
-		return gpuServerProcess(t, bin, capacity, hip.EnvHIPLibrary+"="+lib)
-	}}
+	libEnv := hip.EnvHIPLibrary + "=" + lib
+	e := gpuEnv{rt: rt, dev: fakeDev, small: true,
+		server: func(t *testing.T, capacity string) string {
+			return gpuServerProcess(t, bin, capacity, libEnv)
+		},
+		process: func(t *testing.T, endpoint, capacity string) *gpuProc {
+			return startGPUProc(t, bin, endpoint, capacity, libEnv)
+		},
+		childEnv: []string{libEnv},
+	}
 	for _, sc := range []struct {
 		name string
 		run  func(*testing.T, gpuEnv)
@@ -453,7 +464,38 @@ func TestFakeRuntimeTwoProcessScenarios(t *testing.T) {
 		{"InteriorManyRanges", scenarioInteriorManyRanges},
 		{"Reregistration", scenarioReregistration},
 		{"AfterStream", scenarioAfterStream},
+		{"WaitRunsTheJob", scenarioWaitRunsTheJob},
+		{"WaitPaused", scenarioWaitPaused},
+		{"TransferGoroutines", scenarioTransferGoroutines},
+		{"ServerRestart", scenarioServerRestart},
+		{"CrashedClient", scenarioCrashedClient},
 	} {
 		t.Run(sc.name, func(t *testing.T) { sc.run(t, e) })
+	}
+}
+
+// TestFakeRuntimeGPUPathNotRun: where the GPU runtime refuses a path (here
+// the server's runtime cannot open the worker's IPC handles), a TestGPU
+// test says so by name, with the runtime's reason, and fails: the GPU
+// check reports the path as not run, neither passed nor skipped. The test
+// runs TestGPUWaitRunsTheJob as the GPU check does, in a process of its
+// own, on the fake runtime.
+func TestFakeRuntimeGPUPathNotRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the server binary")
+	}
+	lib := hiptest.BuildFake(t, "libamdhip64.so.6", "-DFAKE_HIP6", "-DFAKE_SHARED")
+	bin := serverBinary(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestGPUWaitRunsTheJob$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), hip.EnvHIPLibrary+"="+lib, envGPUServerBin+"="+bin, envGPUEndpoint+"=",
+		"UMBP_FAKE_IPC_OPEN_FAILS=1")
+	out, err := cmd.CombinedOutput()
+	if _, ok := err.(*exec.ExitError); !ok {
+		t.Fatalf("the test passed, or did not run (%v), where the server cannot open IPC handles:\n%s", err, out)
+	}
+	for _, want := range []string{"GPU PATH NOT RUN: TestGPUWaitRunsTheJob: GPU memory registered by IPC handle: ", "hipIpcOpenMemHandle failed", "--- FAIL: TestGPUWaitRunsTheJob"} {
+		if !strings.Contains(string(out), want) {
+			t.Fatalf("its output does not say %q:\n%s", want, out)
+		}
 	}
 }

@@ -44,14 +44,11 @@ func scenarioInteriorManyRanges(t *testing.T, e gpuEnv) {
 	const size = 64 << 20
 	a := gpuMalloc(t, rt, dev, size)
 	w := gpuWorker(t, newRuntime(t, gpuConfig(t, ep)))
-	err := w.RegisterBuffers(context.Background(), map[string]umbp.Buffer{
+	gpuRegister(t, w, map[string]umbp.Buffer{
 		"k": {Ptr: a + 4096, Size: 16 << 20},
 		"v": {Ptr: a + 32<<20, Size: 16 << 20, Location: umbp.LocationGPU, Device: dev},
 		"s": {Ptr: a + 60<<20 + 17, Size: 1000},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	prefix := uniqueKeys(t)
 	const blocks, ranges = 16, 32
 	var src, dst []umbp.BlockTransferPlan
@@ -98,9 +95,7 @@ func scenarioSeveralAllocations(t *testing.T, e gpuEnv) {
 		bufs[fmt.Sprintf("alloc%d", i)] = umbp.Buffer{Ptr: allocs[i], Size: n}
 	}
 	w := gpuWorker(t, newRuntime(t, gpuConfig(t, ep)))
-	if err := w.RegisterBuffers(context.Background(), bufs); err != nil {
-		t.Fatal(err)
-	}
+	gpuRegister(t, w, bufs)
 	prefix := uniqueKeys(t)
 	var src, dst []umbp.BlockTransferPlan
 	objs := map[string][]byte{}
@@ -145,9 +140,7 @@ func scenarioReregistration(t *testing.T, e gpuEnv) {
 	a := gpuMalloc(t, rt, dev, size)
 	register := func(w *umbp.WorkerHandle, off uintptr) {
 		t.Helper()
-		if err := w.RegisterBuffers(context.Background(), map[string]umbp.Buffer{"kv": {Ptr: a + off, Size: 1 << 20}}); err != nil {
-			t.Fatal(err)
-		}
+		gpuRegister(t, w, map[string]umbp.Buffer{"kv": {Ptr: a + off, Size: 1 << 20}})
 	}
 	prefix := uniqueKeys(t)
 	plansAt := func(round int, base uintptr) []umbp.BlockTransferPlan {
@@ -237,7 +230,8 @@ func pinnedHost(t *testing.T, rt *hip.Runtime, size int, pin bool) ([]byte, uint
 	p := uintptr(unsafe.Pointer(&b[0]))
 	if pin {
 		if err := rt.HostRegisterWithFlags(p, uint64(size), hip.HostRegisterPortable); err != nil {
-			t.Fatalf("HostRegister: %v", err)
+			_ = syscall.Munmap(b)
+			gpuPathNotRun(t, "pinned host memory (HostRegister)", err)
 		}
 	}
 	t.Cleanup(func() {
@@ -267,9 +261,7 @@ func scenarioAfterStream(t *testing.T, e gpuEnv) {
 	}
 	a := gpuMalloc(t, rt, dev, 2*size)
 	w := gpuWorker(t, newRuntime(t, gpuConfig(t, ep)))
-	if err := w.RegisterBuffers(context.Background(), map[string]umbp.Buffer{"kv": {Ptr: a, Size: 2 * size}}); err != nil {
-		t.Fatal(err)
-	}
+	gpuRegister(t, w, map[string]umbp.Buffer{"kv": {Ptr: a, Size: 2 * size}})
 	host, hp := pinnedHost(t, rt, int(size), true)
 	copy(host, gpuPattern(int(size), 0x5a))
 	seen, sp := pinnedHost(t, rt, int(size), true) // what the stream reads of the load's destination
@@ -319,18 +311,20 @@ func scenarioAfterStream(t *testing.T, e gpuEnv) {
 	}
 }
 
-// TestGPUBandwidth measures Store and Load of 64 objects of 4 MiB held in
-// GPU memory, next to plain device-host copies of the same bytes, 4 MiB at
-// a time, into pinned and pageable host memory. It reports medians of
-// several repetitions.
+// TestGPUBandwidth measures Store and Load from GPU memory of 64 objects of
+// 4 MiB, one range each, and of 64 objects of 128 layers of 32 KiB laid
+// out layer-major as an engine's KV cache is, next to plain copies of the
+// same bytes between the same device memory and pinned, then pageable,
+// host memory (4 MiB, then 32 KiB, at a time): one table, medians of
+// several repetitions, each Load checked byte for byte at its end.
 func TestGPUBandwidth(t *testing.T) { scenarioBandwidth(t, realGPU(t)) }
 
 func scenarioBandwidth(t *testing.T, e gpuEnv) {
 	rt, dev := e.rt, e.dev
 	ep := e.server(t, "1GiB")
-	objects, objSize, reps := 64, 4<<20, 7
+	objects, objSize, layers, reps := 64, 4<<20, 128, 7
 	if e.small {
-		objects, objSize, reps = 8, 256<<10, 2
+		objects, objSize, layers, reps = 8, 256<<10, 8, 2
 	}
 	total := objects * objSize
 	src := gpuMalloc(t, rt, dev, uint64(total))
@@ -341,73 +335,51 @@ func scenarioBandwidth(t *testing.T, e gpuEnv) {
 	}
 	urt := newRuntime(t, gpuConfig(t, ep))
 	w := gpuWorker(t, urt)
-	if err := w.RegisterBuffers(context.Background(), map[string]umbp.Buffer{
+	gpuRegister(t, w, map[string]umbp.Buffer{
 		"src": {Ptr: src, Size: uint64(total)}, "dst": {Ptr: dst, Size: uint64(total)},
-	}); err != nil {
-		t.Fatal(err)
-	}
+	})
 	sched, err := urt.NewSchedulerHandle(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sched.Close()
+	_, pinned := pinnedHost(t, rt, total, true)
+	_, pageable := pinnedHost(t, rt, total, false)
 
 	type row struct {
-		name string
-		dur  []time.Duration
+		name  string
+		dtoh  bool // the direction: device to host (a Store), or host to device
+		dur   []time.Duration
+		first bool // the section's pinned copy, which the others are set against
 	}
-	var rows []*row
-	measure := func(name string, f func()) {
-		r := &row{name: name}
-		f() // warm-up
-		for range reps {
-			start := time.Now()
-			f()
-			r.dur = append(r.dur, time.Since(start))
+	type section struct {
+		title string
+		rows  []*row
+	}
+	var sections []*section
+	timed := func(f func()) time.Duration {
+		start := time.Now()
+		f()
+		return time.Since(start)
+	}
+	// at is where piece r of object i lies, in a transfer's memory from
+	// base: the object's ranges in turn, or layer-major (piece r of every
+	// object in layer r's slab).
+	at := func(base uintptr, i, r, ranges int, layerMajor bool) uintptr {
+		n := objSize / ranges
+		if layerMajor {
+			return base + uintptr(r*objects*n+i*n)
 		}
-		rows = append(rows, r)
+		return base + uintptr(i*objSize+r*n)
 	}
-
-	// Plain copies, 4 MiB at a time, as the server makes them.
-	for _, pin := range []bool{true, false} {
-		kind := "pageable"
-		if pin {
-			kind = "pinned"
-		}
-		_, hp := pinnedHost(t, rt, total, pin)
-		measure("memcpy DtoH "+kind, func() {
-			for i := range objects {
-				off := uintptr(i * objSize)
-				if err := rt.Memcpy(dev, hp+off, src+off, uint64(objSize), hip.MemcpyDeviceToHost); err != nil {
-					t.Fatal(err)
-				}
-			}
-		})
-		measure("memcpy HtoD "+kind, func() {
-			for i := range objects {
-				off := uintptr(i * objSize)
-				if err := rt.Memcpy(dev, dst+off, hp+off, uint64(objSize), hip.MemcpyHostToDevice); err != nil {
-					t.Fatal(err)
-				}
-			}
-		})
-	}
-
 	prefix := uniqueKeys(t)
-	// plans splits each object into ranges: consecutive in memory (which the
-	// worker merges into one), or laid out layer-major as an engine's KV
-	// cache is, range r of every object in layer r's slab.
 	plans := func(base uintptr, tag string, ranges int, layerMajor bool) []umbp.BlockTransferPlan {
 		ps := make([]umbp.BlockTransferPlan, objects)
 		n := uint64(objSize / ranges)
 		for i := range ps {
-			var spans []gpuSpan
-			for r := range ranges {
-				at := base + uintptr(i*objSize) + uintptr(r)*uintptr(n)
-				if layerMajor {
-					at = base + uintptr(r*objects*int(n)) + uintptr(i)*uintptr(n)
-				}
-				spans = append(spans, gpuSpan{at, n})
+			spans := make([]gpuSpan, ranges)
+			for r := range spans {
+				spans[r] = gpuSpan{at(base, i, r, ranges, layerMajor), n}
 			}
 			ps[i] = gpuPlan(fmt.Sprintf("%s-%s-%d", prefix, tag, i), spans...)
 		}
@@ -428,48 +400,96 @@ func scenarioBandwidth(t *testing.T, e gpuEnv) {
 		}
 	}
 	got, zero := make([]byte, total), make([]byte, total)
-	for _, v := range []struct {
-		name       string
-		per        int // plans per job
-		ranges     int // ranges per object
+	type variant struct {
+		name string
+		per  int // plans a job
+	}
+	for _, sec := range []struct {
+		title      string
+		ranges     int
 		layerMajor bool
+		variants   []variant
+		merged     int // also: this many adjacent ranges an object, which the worker merges into one
 	}{
-		{fmt.Sprintf("1 job of %d objects, 1 range", objects), objects, 1, false},
-		{fmt.Sprintf("4 jobs of %d objects, 1 range", objects/4), objects / 4, 1, false},
-		{fmt.Sprintf("1 job of %d objects, 16 ranges, merged", objects), objects, 16, false},
-		{fmt.Sprintf("1 job of %d objects, 16 layers", objects), objects, 16, true},
-		{fmt.Sprintf("1 job of %d objects, 128 layers", objects), objects, 128, true},
-		{fmt.Sprintf("8 jobs of %d objects, 128 layers", objects/8), objects / 8, 128, true},
+		{fmt.Sprintf("%d objects x %s, one range an object", objects, sizeText(objSize)), 1, false,
+			[]variant{{fmt.Sprintf("1 job of %d objects", objects), objects}, {fmt.Sprintf("4 jobs of %d objects", objects/4), objects / 4}}, 16},
+		{fmt.Sprintf("%d objects x %d layers x %s, layer-major", objects, layers, sizeText(objSize/layers)), layers, true,
+			[]variant{{fmt.Sprintf("1 job of %d objects", objects), objects}, {fmt.Sprintf("8 jobs of %d objects", objects/8), objects / 8}}, 0},
 	} {
-		store, load := &row{name: "Store, " + v.name}, &row{name: "Load,  " + v.name}
-		for rep := -1; rep < reps; rep++ { // rep -1 warms up
-			tag := fmt.Sprintf("%d-%d-%d", v.per, v.ranges, rep)
-			srcPlans, dstPlans := plans(src, tag, v.ranges, v.layerMajor), plans(dst, tag, v.ranges, v.layerMajor)
-			start := time.Now()
-			run(false, srcPlans, v.per)
-			mid := time.Now()
-			run(true, dstPlans, v.per)
-			end := time.Now()
-			if rep >= 0 {
-				store.dur = append(store.dur, mid.Sub(start))
-				load.dur = append(load.dur, end.Sub(mid))
-			}
-			if sched.Clear(context.Background()) != nil {
-				t.Fatal("Clear failed")
-			}
-			if rep == reps-1 {
-				if err := rt.CopyFromDevice(dev, got, dst); err != nil {
-					t.Fatal(err)
+		s := &section{title: sec.title}
+		sections = append(sections, s)
+		piece := objSize / sec.ranges
+		// Plain copies of the same pieces, between the same device memory
+		// and host memory laid out alike.
+		for _, host := range []struct {
+			kind string
+			base uintptr
+		}{{"pinned", pinned}, {"pageable", pageable}} {
+			for _, dtoh := range []bool{true, false} {
+				dir, kind := "host->device", hip.MemcpyHostToDevice
+				if dtoh {
+					dir, kind = "device->host", hip.MemcpyDeviceToHost
 				}
-				if !bytes.Equal(got, want) {
-					t.Fatalf("%s: loaded bytes differ from the stored ones", v.name)
+				r := &row{name: fmt.Sprintf("memcpy %s, %s, %s at a time", dir, host.kind, sizeText(piece)), dtoh: dtoh, first: host.kind == "pinned"}
+				copyAll := func() {
+					for i := range objects {
+						for p := range sec.ranges {
+							off := at(0, i, p, sec.ranges, sec.layerMajor)
+							d, h := dst+off, host.base+off
+							from, to := h, d
+							if dtoh {
+								from, to = src+off, h
+							}
+							if err := rt.Memcpy(dev, to, from, uint64(piece), kind); err != nil {
+								t.Fatal(err)
+							}
+						}
+					}
 				}
-			}
-			if err := rt.CopyToDevice(dev, dst, zero); err != nil {
-				t.Fatal(err)
+				copyAll() // warm-up
+				for range reps {
+					r.dur = append(r.dur, timed(copyAll))
+				}
+				s.rows = append(s.rows, r)
 			}
 		}
-		rows = append(rows, store, load)
+		vs := slices.Clone(sec.variants)
+		if sec.merged > 0 {
+			vs = append(vs, variant{fmt.Sprintf("1 job, %d adjacent ranges an object", sec.merged), objects})
+		}
+		for vi, v := range vs {
+			ranges := sec.ranges
+			if vi >= len(sec.variants) {
+				ranges = sec.merged
+			}
+			store := &row{name: "Store, " + v.name, dtoh: true}
+			load := &row{name: "Load,  " + v.name}
+			for rep := -1; rep < reps; rep++ { // rep -1 warms up
+				tag := fmt.Sprintf("%d-%d-%d-%v", v.per, ranges, rep, sec.layerMajor)
+				srcPlans, dstPlans := plans(src, tag, ranges, sec.layerMajor), plans(dst, tag, ranges, sec.layerMajor)
+				if err := rt.CopyToDevice(dev, dst, zero); err != nil {
+					t.Fatal(err)
+				}
+				st := timed(func() { run(false, srcPlans, v.per) })
+				ld := timed(func() { run(true, dstPlans, v.per) })
+				if rep >= 0 {
+					store.dur = append(store.dur, st)
+					load.dur = append(load.dur, ld)
+				}
+				if sched.Clear(context.Background()) != nil {
+					t.Fatal("Clear failed")
+				}
+				if rep == reps-1 {
+					if err := rt.CopyFromDevice(dev, got, dst); err != nil {
+						t.Fatal(err)
+					}
+					if !bytes.Equal(got, want) {
+						t.Fatalf("%s, %s: loaded bytes differ from the stored ones", sec.title, v.name)
+					}
+				}
+			}
+			s.rows = append(s.rows, store, load)
+		}
 	}
 
 	median := func(r *row) (med, lo, hi float64) {
@@ -480,21 +500,21 @@ func scenarioBandwidth(t *testing.T, e gpuEnv) {
 		slices.Sort(gbps)
 		return gbps[len(gbps)/2], gbps[0], gbps[len(gbps)-1]
 	}
-	dtoh, _, _ := median(rows[0]) // memcpy DtoH pinned
-	htod, _, _ := median(rows[1]) // memcpy HtoD pinned
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "%d objects of %d KiB (%d MiB a transfer) on device %d, %s\n", objects, objSize>>10, total>>20, dev, rt)
-	fmt.Fprintf(&sb, "GB/s, median of %d repetitions (min-max); last column: against the pinned memcpy of the same direction\n", reps)
-	for _, r := range rows {
-		med, lo, hi := median(r)
-		rel := ""
-		switch {
-		case strings.HasPrefix(r.name, "Store"):
-			rel = fmt.Sprintf("%4.0f%%", 100*med/dtoh)
-		case strings.HasPrefix(r.name, "Load"):
-			rel = fmt.Sprintf("%4.0f%%", 100*med/htod)
+	fmt.Fprintf(&sb, "GPU bandwidth on device %d, %s: GB/s of %d MiB a transfer, median of %d repetitions (min-max);\n", dev, rt, total>>20, reps)
+	fmt.Fprintf(&sb, "last column: against the plain copy of the same pieces to or from pinned host memory, same direction\n")
+	for _, s := range sections {
+		base := map[bool]float64{} // by direction
+		for _, r := range s.rows {
+			if r.first {
+				base[r.dtoh], _, _ = median(r)
+			}
 		}
-		fmt.Fprintf(&sb, "  %-48s %7.2f  (%6.2f-%6.2f)  %s\n", r.name, med, lo, hi, rel)
+		fmt.Fprintf(&sb, "%s\n", s.title)
+		for _, r := range s.rows {
+			med, lo, hi := median(r)
+			fmt.Fprintf(&sb, "  %-52s %7.2f  (%6.2f-%6.2f)  %4.0f%%\n", r.name, med, lo, hi, 100*med/base[r.dtoh])
+		}
 	}
 	t.Log("\n" + sb.String())
 	if dir := os.Getenv("OUT"); dir != "" && !e.small {
@@ -502,4 +522,12 @@ func scenarioBandwidth(t *testing.T, e gpuEnv) {
 			t.Logf("write $OUT/gpu-bandwidth.txt: %v", err)
 		}
 	}
+}
+
+// sizeText writes n bytes in MiB, or KiB below 1 MiB.
+func sizeText(n int) string {
+	if n >= 1<<20 && n%(1<<20) == 0 {
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return fmt.Sprintf("%d KiB", n>>10)
 }

@@ -502,6 +502,10 @@ EXPORT int API(IpcOpenMemHandle)(void **p, ipc_handle h, unsigned int flags) {
 	int pid, dev;
 	uint64_t base, size;
 	if (flags != 1) return E_INVALID_VALUE;
+	/* UMBP_FAKE_IPC_OPEN_FAILS set: every open fails, as where the runtime
+	 * cannot reach the exporting process (another IPC namespace, say). */
+	const char *fails = getenv("UMBP_FAKE_IPC_OPEN_FAILS");
+	if (fails != NULL && fails[0] != '\0') return E_INVALID_CONTEXT;
 	if (memcmp(h.reserved, HANDLE_MAGIC, 8) != 0) return E_INVALID_HANDLE;
 	for (int i = 32; i < 64; i++)
 		if ((unsigned char)h.reserved[i] != pattern(i)) return E_INVALID_HANDLE;
