@@ -77,18 +77,9 @@ func (c *Conn) BatchExistsConsecutiveEncoded(ctx context.Context, k encoded.Keys
 	return total, nil
 }
 
-// invokeLookup sends the encoded lookup msg: lock-step on a lookup
-// connection that is free, else (every one busy, or Options.GRPCLookups)
-// through the gRPC channel, which takes many calls at once on its one
-// connection. Either way msg is sent (or freed) once.
+// invokeLookup sends the encoded lookup msg (rpc.InvokeLookup).
 func (c *Conn) invokeLookup(ctx context.Context, method string, msg *encoded.Message, resp proto.Message) error {
-	if c.lookups != nil {
-		if sent, err := c.lookups.TryInvoke(ctx, method, msg.Bytes(), resp); sent {
-			msg.Free()
-			return err
-		}
-	}
-	return rpc.InvokeEncoded(ctx, c.cc, method, msg, resp)
+	return rpc.InvokeLookup(ctx, c.lookups, c.cc, method, msg, resp)
 }
 
 // LockStepLookups reports whether the lookups are lock-step calls

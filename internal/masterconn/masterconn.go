@@ -241,19 +241,9 @@ func (c *Conn) BatchLookupEncoded(ctx context.Context, k encoded.Keys) ([]bool, 
 	return found, nil
 }
 
-// invokeLookup sends the encoded BatchLookup msg: lock-step on a lookup
-// connection that is free, else (every one busy, or Options.GRPCLookups)
-// through the gRPC channel, which takes many calls at once. Either way msg
-// is sent (or freed) once.
+// invokeLookup sends the encoded BatchLookup msg (rpc.InvokeLookup).
 func (c *Conn) invokeLookup(ctx context.Context, msg *encoded.Message, resp proto.Message) error {
-	const method = umbppb.UMBPMaster_BatchLookup_FullMethodName
-	if c.lookups != nil {
-		if sent, err := c.lookups.TryInvoke(ctx, method, msg.Bytes(), resp); sent {
-			msg.Free()
-			return err
-		}
-	}
-	return rpc.InvokeEncoded(ctx, c.cc, method, msg, resp)
+	return rpc.InvokeLookup(ctx, c.lookups, c.cc, umbppb.UMBPMaster_BatchLookup_FullMethodName, msg, resp)
 }
 
 // BatchLookup is EncodeKeys and BatchLookupEncoded.

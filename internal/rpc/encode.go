@@ -10,8 +10,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/umbp-go/umbp-go/internal/encoded"
+	"github.com/umbp-go/umbp-go/internal/h2call"
 )
 
 // EncodeKeys encodes keys as op's request, a message whose field is the
@@ -121,4 +123,22 @@ var encodedCall = []grpc.CallOption{grpc.StaticMethod(), encoded.CallOption}
 // sends as it is (and frees once sent), and decodes the answer into reply.
 func InvokeEncoded(ctx context.Context, cc grpc.ClientConnInterface, method string, msg *encoded.Message, reply any) error {
 	return cc.Invoke(ctx, method, msg, reply, encodedCall...)
+}
+
+// InvokeLookup is the one switch between a lookup's two call paths, for a
+// standalone server's and a master's alike: lock-step on a connection of
+// lockStep free now, else (every one busy, or lockStep nil: GRPCLookups)
+// through the gRPC channel cc, which takes many calls at once on its one
+// connection. Either way msg is sent (or freed) once. A lock-step call
+// that could not go out fails as it is, and is not sent through cc: the
+// lock-step connections go only to the server the connection attached to,
+// while cc may reach another at the same address.
+func InvokeLookup(ctx context.Context, lockStep *h2call.Client, cc grpc.ClientConnInterface, method string, msg *encoded.Message, reply proto.Message) error {
+	if lockStep != nil {
+		if sent, err := lockStep.TryInvoke(ctx, method, msg.Bytes(), reply); sent {
+			msg.Free()
+			return err
+		}
+	}
+	return InvokeEncoded(ctx, cc, method, msg, reply)
 }
