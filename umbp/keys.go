@@ -20,6 +20,12 @@ const keyPrefix = "umbp:vllm:v1:"
 // KeyCodec and TokenKeyer make, are under 200 bytes.
 const MaxKeyBytes = rpc.MaxKeyBytes
 
+// lookupKeyOK reports whether key can be sent in a lookup: not empty, at
+// most MaxKeyBytes, valid UTF-8.
+func lookupKeyOK(key string) bool {
+	return key != "" && len(key) <= MaxKeyBytes && utf8.ValidString(key)
+}
+
 // KeyCodec makes the object keys one rank stores and looks up. Keys have the
 // form
 //

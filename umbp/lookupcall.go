@@ -353,14 +353,14 @@ func (c *caller) partsLeft(ctx context.Context, what string, deadline time.Time)
 // exists answers in hits, one per key of keys, whether the server holds
 // it, part by part within the call's bound (deadline); answered is how
 // many leading keys have an answer, and err why the others have none. A
-// key that cannot be asked about (encode leaves it out) is a miss.
-func (c *caller) exists(ctx context.Context, deadline time.Time, encode func([]string) (encoded.Keys, error), keys []string, hits []bool) (answered int, err error) {
+// key that cannot be asked about (encodeKeys leaves it out) is a miss.
+func (c *caller) exists(ctx context.Context, deadline time.Time, encodeKeys func([]string) (encoded.Keys, error), keys []string, hits []bool) (answered int, err error) {
 	for i := 0; i < len(keys); {
 		if err := c.partsLeft(ctx, "lookup", deadline); err != nil {
 			return i, err
 		}
 		j := partEnd(keys, i)
-		q, err := encode(keys[i:j])
+		q, err := encodeKeys(keys[i:j])
 		if err != nil {
 			return i, err
 		}
@@ -393,7 +393,7 @@ func (c *caller) exists(ctx context.Context, deadline time.Time, encode func([]s
 // part within the call's bound: on an error, the count of the parts
 // answered before it. A key that cannot be asked about, or one that
 // first (quarantine) cuts off, ends the prefix.
-func (c *caller) prefix(ctx context.Context, deadline time.Time, encode func([]string) (encoded.Keys, error), first func([]string) int, keys []string) (int, error) {
+func (c *caller) prefix(ctx context.Context, deadline time.Time, encodeKeys func([]string) (encoded.Keys, error), first func([]string) int, keys []string) (int, error) {
 	total := 0
 	for i := 0; i < len(keys); {
 		if err := c.partsLeft(ctx, "prefix lookup", deadline); err != nil {
@@ -404,7 +404,7 @@ func (c *caller) prefix(ctx context.Context, deadline time.Time, encode func([]s
 		if j == i {
 			return total, nil
 		}
-		q, err := encode(keys[i:j])
+		q, err := encodeKeys(keys[i:j])
 		if err == nil && q.At != nil {
 			// A key that cannot be asked about ends the prefix: the keys
 			// before it are asked about alone.
@@ -413,7 +413,7 @@ func (c *caller) prefix(ctx context.Context, deadline time.Time, encode func([]s
 			if j == i {
 				return total, nil
 			}
-			q, err = encode(keys[i:j])
+			q, err = encodeKeys(keys[i:j])
 		}
 		if err != nil {
 			return total, err

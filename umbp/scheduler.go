@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
 	"github.com/umbp-go/umbp-go/internal/errdefs"
@@ -143,11 +142,11 @@ func (h *SchedulerHandle) Lookup(ctx context.Context, keys []string) []bool {
 	return h.LookupAnswers(ctx, keys).Hits
 }
 
-// Answers is what one lookup learned: a hit or a miss per key, and how far
+// LookupResult is what one lookup learned: a hit or a miss per key, and how far
 // it got an answer. A router tells "not in the pool" (a miss among the
 // answered keys) from "not asked, or not answered" (a key from Answered on)
 // by it, as Score's Complete does for a score.
-type Answers struct {
+type LookupResult struct {
 	// Hits has one entry per key, in order: true where the pool holds it.
 	Hits []bool
 	// Answered is how many leading keys have an answer: each of them is in
@@ -164,15 +163,15 @@ type Answers struct {
 }
 
 // Complete reports whether every key was answered.
-func (a Answers) Complete() bool { return a.Err == nil && a.Answered == len(a.Hits) }
+func (a LookupResult) Complete() bool { return a.Err == nil && a.Answered == len(a.Hits) }
 
 // LookupAnswers is Lookup, with how far the call got an answer. A large
 // batch is asked in parts, in order, each encoded just before it is asked,
 // all within one LookupTimeout from the call: a batch too large to ask
 // within it is answered as far as it got, the rest misses.
-func (h *SchedulerHandle) LookupAnswers(ctx context.Context, keys []string) Answers {
+func (h *SchedulerHandle) LookupAnswers(ctx context.Context, keys []string) LookupResult {
 	deadline := time.Now().Add(h.calls.timeout)
-	out := Answers{Hits: make([]bool, len(keys))}
+	out := LookupResult{Hits: make([]bool, len(keys))}
 	if len(keys) == 0 {
 		return out
 	}
@@ -199,11 +198,6 @@ func (h *SchedulerHandle) LookupAnswers(ctx context.Context, keys []string) Answ
 	h.stats.hits.Add(n)
 	h.stats.misses.Add(uint64(len(keys)) - n)
 	return out
-}
-
-// lookupKeyOK reports whether key can be sent in a lookup.
-func lookupKeyOK(key string) bool {
-	return key != "" && len(key) <= MaxKeyBytes && utf8.ValidString(key)
 }
 
 // askable returns the leading keys that can be asked about: a key that
@@ -271,19 +265,19 @@ func (h *SchedulerHandle) Score(ctx context.Context, req ScoreRequest) (Scores, 
 	}
 	deadline := time.Now().Add(h.calls.timeout)
 	hashes, keys := req.blocks()
-	// The call may outlive this one (LookupTimeout), and the caller may
-	// reuse its slices once Score returns: it gets a copy of each (the
-	// hashes' answer is checked against them; the keys are encoded on the
-	// call's goroutine, within its bound).
-	hashes, keys = slices.Clone(h.askable(hashes)), slices.Clone(h.askable(keys))
 	out := req.empty()
 	if len(hashes) == 0 && len(keys) == 0 {
 		out.Complete = true
 		req.rank(&out, nil, 0)
 		return out, nil
 	}
+	// The call may outlive this one (LookupTimeout), and the caller may
+	// reuse its slices once Score returns: it gets a copy of each, which
+	// it cuts at the first block that cannot be asked about (and encodes
+	// the keys) on its own goroutine, within its bound.
 	h.stats.lookups.Add(1)
-	a, err := call(ctx, h.calls, "score", callOther, deadline, scoreQuery{hashes, keys, h.backend.encode}.ask)
+	q := scoreQuery{slices.Clone(hashes), slices.Clone(keys), h.askable, h.backend.encode}
+	a, err := call(ctx, h.calls, "score", callOther, deadline, q.ask)
 	if err != nil {
 		h.logFailure("score", err)
 		return out, nil

@@ -221,13 +221,15 @@ func (r *ScoreRequest) rank(out *Scores, nodes []masterconn.NodeMatch, prefix in
 	}
 }
 
-// scoreQuery is what a Score asks: the block hashes of the external KV
-// index, and the pool's keys, which encode encodes on the call's
-// goroutine.
+// scoreQuery is what a Score asks, cut and encoded on the call's
+// goroutine: the block hashes of the external KV index, and the pool's
+// keys.
 type scoreQuery struct {
-	hashes []string
-	keys   []string
-	encode func([]string) (encoded.Keys, error)
+	hashes, keys []string
+	// askable cuts blocks at the first that cannot be asked about or is
+	// quarantined; encodeKeys encodes the pool's keys.
+	askable    func([]string) []string
+	encodeKeys func([]string) (encoded.Keys, error)
 }
 
 // scoreAnswer is a Score's two answers, each half's error apart.
@@ -242,13 +244,14 @@ type scoreAnswer struct {
 // fail-fast and the link's reconnect see it.
 func (s scoreQuery) ask(src lookupSource, ctx context.Context) (scoreAnswer, error) {
 	var a scoreAnswer
+	s.hashes, s.keys = s.askable(s.hashes), s.askable(s.keys)
 	var wg sync.WaitGroup
 	if len(s.hashes) > 0 {
 		wg.Go(func() { a.nodes, a.errs[0] = src.match(ctx, s.hashes) })
 	}
 	if len(s.keys) > 0 {
 		var q encoded.Keys
-		if q, a.errs[1] = s.encode(s.keys); a.errs[1] == nil {
+		if q, a.errs[1] = s.encodeKeys(s.keys); a.errs[1] == nil {
 			a.prefix, a.errs[1] = checkedPrefix(src, ctx, q, len(s.keys))
 		}
 	}

@@ -48,7 +48,7 @@ type ReplicaStats struct {
 // Calls, and, if it did not get an answer for every key, in exactly one of
 // Timeouts, Failures, Unasked and Cancelled.
 type LookupStats struct {
-	Calls  uint64 // Lookup, LookupPrefix and Score calls that asked about keys
+	Calls  uint64 // Lookup, LookupPrefix and Score calls with keys to ask about
 	Hits   uint64 // keys answered present
 	Misses uint64 // keys answered absent, including failed and unasked calls' keys
 	// Timeouts counts calls that got no reply within LookupTimeout for
