@@ -182,6 +182,9 @@ func NormalizeEndpoint(endpoint string) (string, error) {
 
 // splitEndpoint returns the normalized endpoint and its two sockets' paths.
 func splitEndpoint(endpoint string) (ep, grpcPath, fdPath string, err error) {
+	if t := strings.TrimSpace(endpoint); t != endpoint {
+		return "", "", "", fmt.Errorf("standalone UMBP endpoint %q has white space at its start or end (a socket path never does): did you mean %q?", endpoint, t)
+	}
 	path := endpoint
 	if p, ok := strings.CutPrefix(endpoint, "unix://"); ok {
 		path = p
