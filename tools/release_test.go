@@ -1,11 +1,13 @@
 package tools
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path"
@@ -364,11 +366,20 @@ func TestRelease(t *testing.T) {
 	}
 	defer os.RemoveAll(sockDir)
 	endpoint := "unix://" + filepath.Join(sockDir, "node0.grpc.sock")
+	metricsAt := freePort(t)
 	var serverLog bytes.Buffer
-	server := exec.Command(filepath.Join(gobin, "umbp-standalone-server"), "-endpoint", endpoint, "-capacity", "64MiB", "-version", "2")
-	server.Stdout, server.Stderr = &serverLog, &serverLog
+	server := exec.Command(filepath.Join(gobin, "umbp-standalone-server"), "-endpoint", endpoint, "-capacity", "64MiB", "-version", "2", "-metrics", metricsAt)
+	server.Stderr = &serverLog
+	stdout, err := server.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := server.Start(); err != nil {
 		t.Fatal(err)
+	}
+	// It prints its endpoint once it serves it and its metrics.
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "listening on "+endpoint+"\n" {
+		t.Fatalf("the server's first line %q (%v)\n%s", line, err, serverLog.String())
 	}
 	stopped := false
 	defer func() {
@@ -380,8 +391,8 @@ func TestRelease(t *testing.T) {
 	if out := run(app, filepath.Join(app, "app"), endpoint); !strings.Contains(out, "lookup: [false]") {
 		t.Errorf("the program printed %q, want its lookup's answer", out)
 	}
-	if out := run(tmp, filepath.Join(gobin, "umbp"), "ping", "-endpoint", endpoint); !strings.Contains(out, "ready") {
-		t.Errorf("umbp ping printed %q", out)
+	if out := run(tmp, filepath.Join(gobin, "umbp"), "ping", "-endpoint", endpoint, "-metrics", metricsAt); !strings.Contains(out, "ready      true") || !strings.Contains(out, "of 64.0 MiB used") {
+		t.Errorf("umbp ping -metrics printed %q, want the server ready and its pool", out)
 	}
 	if err := server.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -390,6 +401,17 @@ func TestRelease(t *testing.T) {
 	if err := server.Wait(); err != nil {
 		t.Errorf("the server, stopped with SIGTERM: %v\n%s", err, serverLog.String())
 	}
+}
+
+// freePort is a loopback address whose port was free a moment ago.
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }
 
 // appMain is the user's program: it attaches to the server it is given
