@@ -350,7 +350,7 @@ func (w TierWeights) check() error {
 		v    float64
 	}{{"HBM", w.HBM}, {"DRAM", w.DRAM}, {"SSD", w.SSD}} {
 		if f.v < 0 || math.IsNaN(f.v) || math.IsInf(f.v, 0) {
-			return fmt.Errorf("Weights.%s is %v: want a weight of 0 or more", f.name, f.v)
+			return fmt.Errorf("the weight Weights.%s is %v: want 0 or more", f.name, f.v)
 		}
 	}
 	return nil

@@ -146,12 +146,12 @@ func TestConfigRefusesBadPortAndWeights(t *testing.T) {
 	}
 	for _, w := range []TierWeights{{HBM: -1}, {DRAM: -0.5, HBM: 1}, {SSD: math.NaN()}, {HBM: math.Inf(1)}} {
 		err := ScoreRequest{BlockHashes: []string{"h"}, Weights: w}.Validate()
-		if !errors.Is(err, ErrInvalidKey) || !strings.Contains(err.Error(), "score: Weights.") || !strings.Contains(err.Error(), ": want a weight of 0 or more") {
+		if !errors.Is(err, ErrInvalidKey) || !strings.Contains(err.Error(), "score: the weight Weights.") || !strings.Contains(err.Error(), ": want 0 or more") {
 			t.Errorf("weights %+v: %v; want ErrInvalidKey naming the field", w, err)
 		}
 	}
 	err = ScoreRequest{BlockHashes: []string{"h"}, Weights: TierWeights{HBM: 1, DRAM: -0.5}}.Validate()
-	if want := "umbp: invalid key: score: Weights.DRAM is -0.5: want a weight of 0 or more"; err == nil || err.Error() != want {
+	if want := "umbp: invalid key: score: the weight Weights.DRAM is -0.5: want 0 or more"; err == nil || err.Error() != want {
 		t.Errorf("got %v\nwant %s", err, want)
 	}
 	if err := (ScoreRequest{BlockHashes: []string{"h"}, Weights: TierWeights{HBM: 1, DRAM: 0.8, SSD: 0}}).Validate(); err != nil {
