@@ -236,7 +236,7 @@ func TestPingStalled(t *testing.T) {
 	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
 	srv.Stall("Ping")
 	_, stderr := mustRun(t, exitFail, "", "ping", "-endpoint", srv.Endpoint(), "-timeout", "200ms")
-	mustContain(t, "ping", stderr, "the server was not ready (stalled, or still starting?)", "(the wait's end: -timeout, 200ms)")
+	mustContain(t, "ping", stderr, "the server was not ready (stalled, or still starting?)", "(the wait's end: -timeout, 200ms")
 	if strings.Contains(stderr, "StartupTimeout") {
 		t.Errorf("umbp ping names the library's field, not its flag:\n%s", stderr)
 	}
