@@ -13,6 +13,7 @@ all: build lint test
 
 build:
 	$(GO) build ./...
+	@set -e; for m in $(MODULES); do $(GO) build -C $$m ./...; done
 
 # The other modules (their own go.mod each; go.work puts them together) are
 # tested after the core. scripts/testprogress lists each package as it
@@ -71,8 +72,9 @@ lint:
 # in every `make test`.
 FUZZTIME ?= 20s
 FUZZ ?= .
+# The tool's targets are in a module of its own (go.work finds it).
 fuzz:
-	@GO='$(GO)' FUZZTIME='$(FUZZTIME)' FUZZ='$(FUZZ)' scripts/fuzz.sh
+	@GO='$(GO)' FUZZTIME='$(FUZZTIME)' FUZZ='$(FUZZ)' PKGS='./... ./cmd/umbp/...' scripts/fuzz.sh
 
 # Fails when the repository tracks build output: an executable binary, or a
 # file over 1 MiB outside testdata (.ci/tree-exceptions names the others,
