@@ -2,7 +2,9 @@
 GO       ?= go
 PROTOC   ?= protoc
 # protoc comes from Debian (protobuf-compiler 3.21.12, recorded in the
-# generated headers); the Go plugins are pinned as tools in go.mod.
+# generated headers); the Go plugins and staticcheck are pinned as tools in
+# tools/go.mod, a module of their own that no published module requires.
+TOOL := cd tools && $(GO) tool -n
 PROTOC_VERSION := 3.21.12
 
 .PHONY: all build test test-short proto proto-check lint bench demo fuzz clean tool check-tree
@@ -11,14 +13,19 @@ all: build lint test
 
 build:
 	$(GO) build ./...
+	@set -e; for m in $(MODULES); do $(GO) build -C $$m ./...; done
 
-# The contrib modules (their own go.mod each) are tested after the core.
-# scripts/testprogress lists each package as it finishes, and what is still
-# building or running every 30 s without one; the first run compiles gRPC
-# under the race detector.
-# cmd/umbp-standalone-server is a module of its own too (its metrics need the
-# Prometheus client library, which the library's module does not require).
-CONTRIB := cmd/umbp-standalone-server contrib/prometheus contrib/otel
+# The other modules (their own go.mod each; go.work puts them together) are
+# tested after the core. scripts/testprogress lists each package as it
+# finishes, and what is still building or running every 30 s without one;
+# the first run compiles gRPC under the race detector.
+# The tool and the server are modules of their own (the tool's progress bar
+# and terminal, and the server's Prometheus client library, are none of the
+# library's requirements). tools comes last: its test lays every published
+# module out as a module proxy and installs and builds them from it, offline,
+# from the module cache the others' tests filled (docs/RELEASING.md).
+CONTRIB := cmd/umbp cmd/umbp-standalone-server contrib/prometheus contrib/otel
+MODULES := $(CONTRIB) tools
 TESTFLAGS := -race -count=1 -timeout 10m
 # The scheduler's tests run a second time with its lookups through grpc-go's
 # call path (Config.GRPCLookups) instead of the lock-step call: every
@@ -28,7 +35,7 @@ test:
 	@GO='$(GO)' $(GO) run ./scripts/testprogress $(TESTFLAGS) ./...
 	@echo "== umbp's scheduler tests, lookups through grpc-go"
 	@UMBP_TEST_GRPC_LOOKUPS=1 GO='$(GO)' $(GO) run ./scripts/testprogress $(TESTFLAGS) -run '$(SCHEDULER_TESTS)' ./umbp
-	@set -e; for m in $(CONTRIB); do echo "== $$m"; GO='$(GO)' $(GO) run ./scripts/testprogress -C $$m $(TESTFLAGS) ./...; done
+	@set -e; for m in $(MODULES); do echo "== $$m"; GO='$(GO)' $(GO) run ./scripts/testprogress -C $$m $(TESTFLAGS) ./...; done
 
 test-short:
 	$(GO) test -short -count=1 ./...
@@ -44,7 +51,7 @@ demo:
 # The operator's tool (ping, lookup, key, clear, bench) as bin/umbp, and the
 # Go server as bin/umbp-standalone-server.
 tool:
-	$(GO) build -o bin/ ./cmd/umbp
+	$(GO) build -C cmd/umbp -o ../../bin/ .
 	$(GO) build -C cmd/umbp-standalone-server -o ../../bin/ .
 
 bench:
@@ -54,8 +61,8 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^proto/umbppb/')); \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
-	$(GO) tool staticcheck ./...
-	@set -e; sc=$$($(GO) tool -n staticcheck); for m in $(CONTRIB); do (cd $$m && $(GO) vet ./... && $$sc ./...); done
+	@sc=$$($(TOOL) staticcheck) && $$sc ./...
+	@set -e; sc=$$($(TOOL) staticcheck); for m in $(MODULES); do (cd $$m && $(GO) vet ./... && $$sc ./...); done
 
 # Fuzz every fuzz target of the module (every decoder and validator) for
 # FUZZTIME each (a duration, or Nx for N inputs; FUZZ=regexp picks
@@ -65,8 +72,9 @@ lint:
 # in every `make test`.
 FUZZTIME ?= 20s
 FUZZ ?= .
+# The tool's targets are in a module of its own (go.work finds it).
 fuzz:
-	@GO='$(GO)' FUZZTIME='$(FUZZTIME)' FUZZ='$(FUZZ)' scripts/fuzz.sh
+	@GO='$(GO)' FUZZTIME='$(FUZZTIME)' FUZZ='$(FUZZ)' PKGS='./... ./cmd/umbp/...' scripts/fuzz.sh
 
 # Fails when the repository tracks build output: an executable binary, or a
 # file over 1 MiB outside testdata (.ci/tree-exceptions names the others,
@@ -81,8 +89,8 @@ protoc-install:
 
 proto: protoc-install
 	$(PROTOC) -I proto \
-	  --plugin=protoc-gen-go=$$($(GO) tool -n protoc-gen-go) \
-	  --plugin=protoc-gen-go-grpc=$$($(GO) tool -n protoc-gen-go-grpc) \
+	  --plugin=protoc-gen-go=$$($(TOOL) protoc-gen-go) \
+	  --plugin=protoc-gen-go-grpc=$$($(TOOL) protoc-gen-go-grpc) \
 	  --go_out=proto/umbppb --go_opt=paths=source_relative \
 	  --go-grpc_out=proto/umbppb --go-grpc_opt=paths=source_relative \
 	  proto/umbp_common.proto proto/umbp_standalone.proto proto/umbp_master.proto

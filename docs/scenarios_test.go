@@ -138,13 +138,10 @@ func (w *world) bin(t *testing.T, name string) string {
 		bins = w.tempDir(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		// The server is a module of its own: built in its directory.
-		for _, dir := range []string{".", "cmd/umbp-standalone-server"} {
-			pkg := "."
-			if dir == "." {
-				pkg = "./cmd/umbp"
-			}
-			cmd := exec.CommandContext(ctx, goTool, "build", "-o", bins+"/", pkg)
+		// The tool and the server are modules of their own: each built in
+		// its directory.
+		for _, dir := range []string{"cmd/umbp", "cmd/umbp-standalone-server"} {
+			cmd := exec.CommandContext(ctx, goTool, "build", "-o", bins+"/", ".")
 			cmd.Dir = filepath.Join(root, dir)
 			if out, err := cmd.CombinedOutput(); err != nil {
 				t.Fatalf("go build in %s: %v\n%s", dir, err, out)

@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -49,9 +52,10 @@ type Config struct {
 	// DefaultLookupTimeout.
 	LookupTimeout time.Duration
 	// LoadFailureQuarantine is how long a key whose load failed
-	// (SchedulerHandle.QuarantineKeys) answers as a miss; zero or negative
-	// is off (the default for a standalone pool). A server in distributed
-	// mode: vLLM uses DefaultLoadFailureQuarantine.
+	// ([SchedulerHandle.QuarantineKeys]) answers as a miss, as
+	// ClusterConfig.LoadFailureQuarantine is. Zero means
+	// DefaultLoadFailureQuarantine; negative turns quarantine off (vLLM's
+	// standalone runtime leaves it off: load_failure_quarantine_ms 0).
 	LoadFailureQuarantine time.Duration
 	// RequireDistributed refuses a server whose deployment mode is not
 	// STANDALONE_BACKEND_DISTRIBUTED: every attach (and re-attach) fails.
@@ -113,6 +117,9 @@ func (c Config) settle() (settings, error) {
 	}
 	if err := settleTimeouts("Config", &c.Timeout, &c.LookupTimeout, &c.StartupTimeout); err != nil {
 		return settings{}, err
+	}
+	if c.LoadFailureQuarantine == 0 {
+		c.LoadFailureQuarantine = DefaultLoadFailureQuarantine
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -182,6 +189,9 @@ func NormalizeEndpoint(endpoint string) (string, error) {
 
 // splitEndpoint returns the normalized endpoint and its two sockets' paths.
 func splitEndpoint(endpoint string) (ep, grpcPath, fdPath string, err error) {
+	if t := strings.TrimSpace(endpoint); t != endpoint {
+		return "", "", "", fmt.Errorf("standalone UMBP endpoint %q has white space at its start or end (a socket path never does): did you mean %q?", endpoint, t)
+	}
 	path := endpoint
 	if p, ok := strings.CutPrefix(endpoint, "unix://"); ok {
 		path = p
@@ -294,6 +304,9 @@ func (c ClusterConfig) withDefaults() (ClusterConfig, error) {
 		if err := masterconn.CheckAddress(m, c.TransportCredentials == nil, c.AllowPlaintext); err != nil {
 			return c, fmt.Errorf("%w: ClusterConfig.Masters %q: %w", ErrInvalidConfig, m, err)
 		}
+		if _, port, _ := net.SplitHostPort(m); !tcpPort(port) {
+			return c, fmt.Errorf("%w: ClusterConfig.Masters %q: port %q is not a TCP port (1 to 65535)", ErrInvalidConfig, m, port)
+		}
 		if slices.Index(c.Masters, m) != i {
 			return c, fmt.Errorf("%w: ClusterConfig.Masters names %q twice", ErrInvalidConfig, m)
 		}
@@ -320,6 +333,27 @@ func (c ClusterConfig) withDefaults() (ClusterConfig, error) {
 		c.Logger = slog.Default()
 	}
 	return c, nil
+}
+
+// tcpPort reports whether port is a TCP port number, 1 to 65535 (a
+// service name is not: gRPC's dialer takes numbers).
+func tcpPort(port string) bool {
+	n, err := strconv.ParseUint(port, 10, 16)
+	return err == nil && n > 0
+}
+
+// check refuses weights that are negative or not finite: a score must
+// grow with what a node holds. Errors name the field.
+func (w TierWeights) check() error {
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"HBM", w.HBM}, {"DRAM", w.DRAM}, {"SSD", w.SSD}} {
+		if f.v < 0 || math.IsNaN(f.v) || math.IsInf(f.v, 0) {
+			return fmt.Errorf("the weight Weights.%s is %v: want 0 or more", f.name, f.v)
+		}
+	}
+	return nil
 }
 
 // DistributedMode is the Mode of [ServerCapabilities] of a standalone

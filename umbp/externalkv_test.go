@@ -95,14 +95,20 @@ func newSchedulerLocal(t *testing.T, srv *umbptest.Server) *umbp.SchedulerHandle
 	return h
 }
 
-// Quarantine on a standalone handle: off unless configured.
+// Quarantine on a standalone handle: on by default, as on the master's
+// (DefaultLoadFailureQuarantine), off when LoadFailureQuarantine is
+// negative.
 func TestStandaloneQuarantine(t *testing.T) {
 	srv := newServer(t, umbptest.Options{})
-	off := newSchedulerLocal(t, srv)
-	off.QuarantineKeys([]string{"k"})
 	cfg := testConfig(t, srv.Endpoint())
-	cfg.LoadFailureQuarantine = time.Hour
-	on, err := newRuntime(t, cfg).NewSchedulerHandle(context.Background())
+	cfg.LoadFailureQuarantine = -1
+	off, err := newRuntime(t, cfg).NewSchedulerHandle(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer off.Close()
+	off.QuarantineKeys([]string{"k"})
+	on, err := newRuntime(t, testConfig(t, srv.Endpoint())).NewSchedulerHandle(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

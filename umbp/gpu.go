@@ -51,7 +51,10 @@ func (s *regionSet) addGPU(ctx context.Context, c *conn.Conn, name string, b Buf
 	rt, err := loadGPU(log)
 	if err != nil {
 		if b.Location == LocationAuto {
-			return fmt.Errorf("memory at %#x (%d bytes) lies in no HostBuffer (host memory must come from NewHostBuffer), and without a GPU runtime it cannot be GPU memory: %w", b.Ptr, b.Size, err)
+			// The caller's mistake, most likely: host memory (the Go heap)
+			// given where only a HostBuffer's is taken. The runtime's
+			// absence is what rules GPU memory out, not what is wrong.
+			return fmt.Errorf("%w: memory at %#x (%d bytes) lies in no HostBuffer (host memory must come from NewHostBuffer), and it cannot be GPU memory: %v", ErrInvalidBuffer, b.Ptr, b.Size, err)
 		}
 		return fmt.Errorf("GPU buffer at %#x (%d bytes): %w", b.Ptr, b.Size, err)
 	}
@@ -68,7 +71,7 @@ func (s *regionSet) addGPU(ctx context.Context, c *conn.Conn, name string, b Buf
 		if mt == hip.MemoryHost {
 			what = "pinned host memory"
 		}
-		return fmt.Errorf("%w: memory at %#x is %s, not GPU memory: the server can map host memory only from a memfd, so host memory must come from NewHostBuffer", ErrNotSupported, b.Ptr, what)
+		return fmt.Errorf("%w: memory at %#x is %s, not GPU memory: the server can map host memory only from a memfd, so host memory must come from NewHostBuffer", ErrInvalidBuffer, b.Ptr, what)
 	}
 	if b.Location == LocationGPU && b.Device != dev {
 		return fmt.Errorf("%w: buffer names device %d but the memory at %#x is on device %d", ErrInvalidBuffer, b.Device, b.Ptr, dev)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -127,6 +129,16 @@ func (l *link) firstAttach(parent context.Context) (*conn.Conn, sockIdent, error
 			return nil, sockIdent{}, fmt.Errorf("%w (the wait's end: StartupTimeout, %v: %w)", last, waited, context.DeadlineExceeded)
 		}
 		last = err
+		if !warned && waited < attachWarnAfter {
+			// No socket file at the first attempt: a typo in Endpoint
+			// waits as long as a server not started yet; say which path
+			// is watched now, not after attachWarnAfter.
+			if _, serr := os.Lstat(l.cfg.grpcPath); errors.Is(serr, fs.ErrNotExist) {
+				warned = true
+				l.log.Warn("no socket file at the endpoint yet: waiting for a server to create it; check Config.Endpoint if none is starting",
+					"watching", l.cfg.grpcPath, "startup_timeout", l.cfg.StartupTimeout)
+			}
+		}
 		if !warned && waited >= attachWarnAfter {
 			warned = true
 			l.log.Warn("still waiting for the UMBP standalone server", "endpoint", l.cfg.Endpoint, "waited", waited, "err", err)

@@ -265,7 +265,7 @@ func TestNewSchedulerHandleUnreachable(t *testing.T) {
 	rt := newRuntime(t, cfg)
 	start := time.Now()
 	_, err := rt.NewSchedulerHandle(context.Background())
-	if err == nil || !strings.Contains(err.Error(), "umbp: attach at unix://"+ep+": server unavailable: no socket file there; start umbp_standalone_server on this host first") {
+	if err == nil || !strings.Contains(err.Error(), "umbp: attach at unix://"+ep+": server unavailable: no socket file there: check Endpoint for a typo, or start umbp_standalone_server on this host first") {
 		t.Fatalf("err = %v", err)
 	}
 	if el := time.Since(start); el > cfg.StartupTimeout+margin {

@@ -118,9 +118,9 @@ type Scores struct {
 
 // Validate reports whether the request can be asked: at most 4096
 // candidates, none empty, not UTF-8 or listed twice; at most 65536 blocks;
-// a Prompt or BlockHashes and PoolKeys, not both. [SchedulerHandle.Score]
-// refuses such a request before anything is sent; Validate says so without
-// a handle. Errors match [ErrInvalidKey].
+// weights of 0 or more; a Prompt or BlockHashes and PoolKeys, not both.
+// [SchedulerHandle.Score] refuses such a request before anything is sent;
+// Validate says so without a handle. Errors match [ErrInvalidKey].
 func (r ScoreRequest) Validate() error { return invalid(r.check()) }
 
 // check refuses a request that cannot be asked.
@@ -130,6 +130,9 @@ func (r *ScoreRequest) check() error {
 	}
 	if r.Prompt != nil && (r.BlockHashes != nil || r.PoolKeys != nil) {
 		return bad("a request gives either a Prompt or BlockHashes and PoolKeys, not both")
+	}
+	if err := r.Weights.check(); err != nil {
+		return bad("%w", err)
 	}
 	if len(r.Candidates) > maxScoreCandidates {
 		return bad("%d candidates, more than %d", len(r.Candidates), maxScoreCandidates)

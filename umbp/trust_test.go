@@ -116,7 +116,7 @@ func startImpostor(t *testing.T) *impostor {
 		t.Skip("needs root: the test runs a server as another uid")
 	}
 	dir := shortDir(t)
-	if err := os.Chmod(dir, 0o777); err != nil {
+	if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
 		t.Fatal(err)
 	}
 	// A copy the impostor may execute: the build directory is closed to it.

@@ -130,6 +130,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		defer closeMetrics()
 		log.Info("serving metrics", "url", "http://"+bound+"/metrics")
 	}
+	log.Info("listening", "endpoint", srv.Endpoint(), "capacity_bytes", size, "prefault", *prefault)
 	fmt.Fprintf(stdout, "listening on %s\n", srv.Endpoint())
 	<-ctx.Done()
 	stop() // a second signal now ends the process at once

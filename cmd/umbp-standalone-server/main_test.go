@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -137,6 +138,23 @@ func TestRunAndSIGTERM(t *testing.T) {
 				t.Fatal("did not exit within 20s of SIGTERM")
 			}
 			for range ready {
+			}
+			// The start-up says what it does while it prefaults the pool
+			// (by default), and when it listens.
+			var at []int
+			for _, want := range []string{
+				`msg="umbp server: prefaulting the DRAM pool: every page is mapped before the server listens (-prefault=false skips it)"`,
+				`msg="umbp server: DRAM pool prefaulted" bytes=`,
+				`msg=listening endpoint=` + endpoint,
+			} {
+				i := strings.Index(stderr.String(), want)
+				if i < 0 {
+					t.Errorf("the log does not say %s:\n%s", want, stderr.String())
+				}
+				at = append(at, i)
+			}
+			if !slices.IsSorted(at) {
+				t.Errorf("the start-up's lines out of order:\n%s", stderr.String())
 			}
 			for _, p := range []string{grpcPath, fdPath} {
 				if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {

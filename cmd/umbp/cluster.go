@@ -235,20 +235,22 @@ func clusterSubHelp(sub string, fs *flag.FlagSet, names []string) string {
 // cannot ask about, and what it would cut short without a word: a hash
 // that is empty or not UTF-8, a weight that is negative or not a number.
 func checkScore(req umbp.ScoreRequest) error {
-	if err := req.Validate(); err != nil {
-		return fmt.Errorf("%w: %w", errUsage, err)
-	}
-	for i, h := range req.BlockHashes {
-		if h == "" || !utf8.ValidString(h) {
-			return fmt.Errorf("%w: hash %d (%q) is empty or not UTF-8: no master can hold it", errUsage, i, h)
-		}
-	}
+	// The weights first, in the words of their flags (the library's
+	// would name its fields).
 	for _, w := range []struct {
 		flag string
 		v    float64
 	}{{"-w-hbm", req.Weights.HBM}, {"-w-dram", req.Weights.DRAM}, {"-w-ssd", req.Weights.SSD}} {
 		if w.v < 0 || math.IsNaN(w.v) || math.IsInf(w.v, 0) {
 			return fmt.Errorf("%w: %s %v: want a weight of 0 or more", errUsage, w.flag, w.v)
+		}
+	}
+	if err := req.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	for i, h := range req.BlockHashes {
+		if h == "" || !utf8.ValidString(h) {
+			return fmt.Errorf("%w: hash %d (%q) is empty or not UTF-8: no master can hold it", errUsage, i, h)
 		}
 	}
 	return nil

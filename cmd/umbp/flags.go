@@ -105,6 +105,7 @@ func inFlagWords(err error) string {
 			text = strings.ReplaceAll(text, m.field, m.flag)
 		}
 	}
+	text = fieldWords.Replace(text)
 	if errors.Is(err, umbp.ErrUntrustedServer) {
 		if m := untrustedUID.FindStringSubmatch(text); m != nil {
 			text += fmt.Sprintf(" (if uid %s runs your server, pass -trust-uid %s)", m[1], m[1])
@@ -112,6 +113,14 @@ func inFlagWords(err error) string {
 	}
 	return text
 }
+
+// fieldWords are the library's words, outside a configuration error, for
+// the fields the tool sets from its flags: the end of a wait, and what to
+// check when a socket is missing.
+var fieldWords = strings.NewReplacer(
+	"the wait's end: StartupTimeout,", "the wait's end: -timeout,",
+	"check Endpoint for a typo", "check -endpoint for a typo",
+)
 
 // untrustedUID finds the uid an untrusted server's socket or process
 // belongs to in the library's refusal.

@@ -2,7 +2,7 @@
 // it checks that the server answers, asks which KV blocks the pool holds,
 // makes and decodes object keys, clears the pool and measures transfers.
 //
-//	umbp ping   [-fd] [-count N]                 is the server there, and what does it offer?
+//	umbp ping   [-fd] [-metrics ADDR]            is the server there, what does it offer, how full is its pool?
 //	umbp lookup KEY...                           which keys does the pool hold?
 //	umbp lookup -tokens -ns NS -seed S TOKEN...  how much of a prompt does it hold?
 //	umbp key make -ns NS [-topo tp=1/2] HASH...  the keys of block hashes
@@ -11,6 +11,7 @@
 //	umbp clear -yes                              drop every object of every engine
 //	umbp bench [-objects N] [-object-size 4MiB]  store and load throughput, byte-checked
 //	umbp bench -suite -yes                       the C++ umbp_bench client's workload, side by side
+//	umbp dev master [-nodes 3]                   a test double of MORI's master with nodes, to try 'umbp cluster' on
 //
 // Commands that talk to a server take -endpoint (default $UMBP_ENDPOINT,
 // else MORI's unix:///run/umbp/standalone/<$UMBP_NODE_ID or node0>.grpc.sock)
@@ -115,6 +116,7 @@ func commands() []command {
 		{"clear", "-yes", "drop every object in the pool (every engine's KV)", clearFlags, nil},
 		{"bench", "", "measure store and load throughput through a worker handle", benchFlags, nil},
 		{"cluster", "lookup|match|score ...", "ask MORI's UMBP master which nodes hold what", clusterFlags, clusterHelp},
+		{"dev", "master", "run a test double of MORI's master, with nodes, to try the cluster commands on", devFlags, devHelp},
 	}
 }
 

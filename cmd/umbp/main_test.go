@@ -236,7 +236,10 @@ func TestPingStalled(t *testing.T) {
 	srv := umbptest.NewServer(t, umbptest.Options{Capacity: 16 << 20})
 	srv.Stall("Ping")
 	_, stderr := mustRun(t, exitFail, "", "ping", "-endpoint", srv.Endpoint(), "-timeout", "200ms")
-	mustContain(t, "ping", stderr, "the server was not ready (stalled, or still starting?)")
+	mustContain(t, "ping", stderr, "the server was not ready (stalled, or still starting?)", "(the wait's end: -timeout, 200ms")
+	if strings.Contains(stderr, "StartupTimeout") {
+		t.Errorf("umbp ping names the library's field, not its flag:\n%s", stderr)
+	}
 }
 
 // testKey is the key umbp key make -ns m writes for hash h.
@@ -630,6 +633,8 @@ func TestFlagsThatDoNotApply(t *testing.T) {
 func TestMessagesNameFlags(t *testing.T) {
 	_, stderr := mustRun(t, exitUsage, "", "ping", "-endpoint", "relative.sock")
 	mustContain(t, "ping -endpoint relative.sock", stderr, `umbp ping: -endpoint: standalone UMBP endpoint "relative.sock" must be an absolute path`)
+	_, stderr = mustRun(t, exitUsage, "", "ping", "-endpoint", "/tmp/x.grpc.sock ")
+	mustContain(t, "ping -endpoint (a trailing space)", stderr, `umbp ping: -endpoint: standalone UMBP endpoint "/tmp/x.grpc.sock " has white space at its start or end (a socket path never does): did you mean "/tmp/x.grpc.sock"?`)
 	_, stderr = mustRun(t, exitUsage, "", "ping", "-endpoint", "/"+strings.Repeat("x", 120)+".grpc.sock")
 	mustContain(t, "ping -endpoint (too long)", stderr, "umbp ping: -endpoint: endpoint ")
 	_, stderr = mustRun(t, exitUsage, "", "ping", "-trust-uid", "root", "-endpoint", "/tmp/x.sock")

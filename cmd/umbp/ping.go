@@ -27,6 +27,8 @@ type pingResult struct {
 	RTTs          []float64 `json:"rtt_seconds"`
 	FDHandoff     *bool     `json:"fd_handoff,omitempty"`
 	FDHandoffErr  string    `json:"fd_handoff_error,omitempty"`
+	// Pool is the Go server's pool, from its -metrics (ping -metrics).
+	Pool *poolMetrics `json:"pool,omitempty"`
 }
 
 func pingFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string) error {
@@ -34,12 +36,20 @@ func pingFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string)
 	count := fs.Int("count", 3, "pings to time after the server first answered")
 	fd := fs.Bool("fd", false, "also register one page of host memory through the fd-handoff socket, and release it")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
+	metrics := fs.String("metrics", "", "the Go server's -metrics address (host:port, :port or a URL): also show its pool's use, which Ping does not say")
 	return func(ctx context.Context, e env, args []string) error {
 		if len(args) != 0 {
 			return fmt.Errorf("%w: unexpected arguments %q", errUsage, args)
 		}
 		if *count < 0 {
 			return fmt.Errorf("%w: -count must not be negative", errUsage)
+		}
+		var url string
+		if *metrics != "" {
+			var err error
+			if url, err = metricsURL(*metrics); err != nil {
+				return err
+			}
 		}
 		rt, err := c.runtime()
 		if err != nil {
@@ -48,6 +58,14 @@ func pingFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string)
 		res, err := ping(ctx, c, rt, *count, *fd)
 		if err != nil {
 			return err
+		}
+		if url != "" {
+			mctx, cancel := context.WithTimeout(ctx, c.timeout)
+			res.Pool, err = fetchPool(mctx, url)
+			cancel()
+			if err != nil {
+				return err
+			}
 		}
 		if *asJSON {
 			if err := printJSON(e, res); err != nil {
@@ -172,6 +190,9 @@ func printPing(e env, r *pingResult) {
 			pings = "ping"
 		}
 		p("rtt", "min %v, avg %v, max %v over %d %s", dur(s[0]), dur(sum/float64(len(s))), dur(s[len(s)-1]), len(s), pings)
+	}
+	if r.Pool != nil {
+		printPool(p, r.Pool)
 	}
 	if r.FDHandoff != nil {
 		if *r.FDHandoff {

@@ -3,7 +3,7 @@ module github.com/umbp-go/umbp-go/contrib/otel
 go 1.26.0
 
 require (
-	github.com/umbp-go/umbp-go v0.0.0-00010101000000-000000000000
+	github.com/umbp-go/umbp-go v0.1.0
 	go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc v0.72.0
 	go.opentelemetry.io/otel/sdk v1.47.0
 	go.uber.org/goleak v1.3.0
@@ -30,5 +30,3 @@ require (
 	google.golang.org/grpc v1.85.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
-
-replace github.com/umbp-go/umbp-go => ../..

@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/prometheus/client_golang v1.25.0
-	github.com/umbp-go/umbp-go v0.0.0-00010101000000-000000000000
+	github.com/umbp-go/umbp-go v0.1.0
 	go.uber.org/goleak v1.3.0
 )
 
@@ -27,5 +27,3 @@ require (
 	google.golang.org/grpc v1.85.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
-
-replace github.com/umbp-go/umbp-go => ../..

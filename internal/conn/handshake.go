@@ -3,7 +3,10 @@ package conn
 import (
 	"errors"
 	"io"
+	"io/fs"
 	"net"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"syscall"
 
@@ -61,7 +64,12 @@ func (f *firstRead) Read(p []byte) (int, error) {
 func (c *Conn) diagnose(err error) string {
 	switch c.handshake.Load() {
 	case noSocket:
-		return "no socket file there; start umbp_standalone_server on this host first"
+		// The endpoint is named by the caller; whether its directory is
+		// there tells a typo in the directory from a server not started.
+		if _, err := os.Stat(filepath.Dir(c.grpcPath)); errors.Is(err, fs.ErrNotExist) {
+			return "no socket file there, nor its directory: check Endpoint for a typo, or start umbp_standalone_server on this host first"
+		}
+		return "no socket file there: check Endpoint for a typo, or start umbp_standalone_server on this host first"
 	case noListener:
 		return "its socket file is there but no server listens on it (a server that exited without removing it?); start umbp_standalone_server again"
 	case noAccess:

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,7 +27,9 @@ import (
 //     (mode&0o002 == 0). A symbolic link at the socket path is followed
 //     only when the link itself is owned by a trusted uid; its target must
 //     then pass the same rules. Group write permission is allowed, for
-//     deployments that share a server through a group.
+//     deployments that share a server through a group. The directory that
+//     holds the socket path must not be writable by others either, unless
+//     it is sticky (as /tmp is): the same for every user, root included.
 //   - the process serving each socket, as the kernel reports it for the
 //     connected socket (SO_PEERCRED: the credentials the server had when it
 //     called listen), must run as a trusted uid.
@@ -115,6 +118,17 @@ func (t *Trust) checkFile(path string) error {
 	}
 	if st.Mode&0o002 != 0 {
 		return untrusted("socket %s is writable by others (mode %04o)", path, st.Mode&0o7777)
+	}
+	// Its directory: one others may write to, without the sticky bit
+	// that keeps them from renaming what is not theirs, lets them take
+	// the socket's name away from the server. For every user, root too.
+	dir := filepath.Dir(path)
+	var ds unix.Stat_t
+	if err := unix.Stat(dir, &ds); err != nil {
+		return &os.PathError{Op: "stat", Path: dir, Err: err}
+	}
+	if ds.Mode&0o002 != 0 && ds.Mode&unix.S_ISVTX == 0 {
+		return untrusted("socket %s is in directory %s, which others may write to (mode %04o): another user could replace the socket; make the directory 0700, as the server's own are", path, dir, ds.Mode&0o7777)
 	}
 	return nil
 }

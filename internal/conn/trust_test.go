@@ -66,11 +66,12 @@ func requireRoot(t *testing.T) {
 	}
 }
 
-// worldDir returns a short temporary directory that any uid may write.
+// worldDir returns a short temporary directory that any uid may write,
+// sticky (as /tmp is), so that a trusted server's socket may be in it.
 func worldDir(t *testing.T) string {
 	t.Helper()
 	dir := shortDir(t)
-	if err := os.Chmod(dir, 0o777); err != nil {
+	if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
 		t.Fatal(err)
 	}
 	return dir
@@ -499,5 +500,40 @@ func TestDialRefusesUntrustedOwnerAsAnyUser(t *testing.T) {
 		}
 		defer conn.Close()
 		wantUntrusted(t, "peer of an untrusted uid", tr.checkPeer(grpcPath, conn), fmt.Sprintf("peer process pid %d", os.Getpid()))
+	}
+}
+
+// A socket in a directory others may write to (and not sticky) is refused,
+// for every user, root included: another user could take its name. The
+// server's own directories are 0700; a sticky one, as /tmp, is accepted.
+func TestTrustDirectoryRule(t *testing.T) {
+	dir := shortDir(t)
+	sock := filepath.Join(dir, "s.sock")
+	listenAt(t, sock)
+	tr := mustTrust(t)
+	for _, tc := range []struct {
+		mode os.FileMode
+		want string // "" accepted
+	}{
+		{0o700, ""},
+		{0o770, ""}, // a group that shares the server
+		{0o777 | os.ModeSticky, ""},
+		{0o777, "socket " + sock + " is in directory " + dir + ", which others may write to (mode 0777): another user could replace the socket; make the directory 0700, as the server's own are"},
+		{0o703, "which others may write to (mode 0703)"},
+	} {
+		if err := os.Chmod(dir, tc.mode); err != nil {
+			t.Fatal(err)
+		}
+		err := tr.checkFile(sock)
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("directory mode %v (uid %d): %v", tc.mode, os.Getuid(), err)
+			}
+			continue
+		}
+		wantUntrusted(t, fmt.Sprintf("directory mode %v (uid %d)", tc.mode, os.Getuid()), err, tc.want)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		t.Fatal(err)
 	}
 }

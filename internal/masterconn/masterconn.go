@@ -16,6 +16,8 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -28,6 +30,7 @@ import (
 
 	"github.com/umbp-go/umbp-go/internal/backoff"
 	"github.com/umbp-go/umbp-go/internal/encoded"
+	"github.com/umbp-go/umbp-go/internal/errdefs"
 	"github.com/umbp-go/umbp-go/internal/h2call"
 	"github.com/umbp-go/umbp-go/internal/rpc"
 	"github.com/umbp-go/umbp-go/proto/umbppb"
@@ -73,6 +76,7 @@ type Conn struct {
 	raw      umbppb.UMBPMasterClient
 	lookups  *h2call.Client // BatchLookup lock-step; nil: through cc
 	maxNodes int
+	refused  atomic.Bool // the channel's latest dial was refused (nothing listens at the port)
 }
 
 // CheckAddress checks a master address and, for plaintext, that it is
@@ -132,11 +136,20 @@ func New(opts Options) (*Conn, error) {
 	if opts.StatsHandler != nil {
 		dopts = append(dopts, grpc.WithStatsHandler(opts.StatsHandler))
 	}
+	c := &Conn{maxNodes: opts.MaxNodes}
+	// The channel's dials, as gRPC's own dialer makes them, noting a
+	// refusal for Probe.
+	dopts = append(dopts, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+		var d net.Dialer
+		nc, err := d.DialContext(ctx, "tcp", addr)
+		c.refused.Store(errors.Is(err, syscall.ECONNREFUSED))
+		return nc, err
+	}))
 	cc, err := grpc.NewClient("passthrough:///"+opts.Address, dopts...)
 	if err != nil {
 		return nil, err
 	}
-	c := &Conn{cc: cc, raw: umbppb.NewUMBPMasterClient(cc), maxNodes: opts.MaxNodes}
+	c.cc, c.raw = cc, umbppb.NewUMBPMasterClient(cc)
 	if c.maxNodes <= 0 {
 		c.maxNodes = rpc.MaxNodes
 	}
@@ -257,14 +270,47 @@ func (c *Conn) BatchLookup(ctx context.Context, keys []string) ([]bool, error) {
 
 // Probe asks BatchLookup about no keys through the channel: the cheapest
 // call with no side effects, to learn whether the master answers.
-// waitForReady waits for the channel to connect.
+// waitForReady waits for the channel to connect (an attach), except where
+// the master's port refuses the connection: that fails at once, wrapping
+// ErrRefusedConnection, as no master listens there.
 func (c *Conn) Probe(ctx context.Context, waitForReady bool) error {
-	_, err := c.raw.BatchLookup(ctx, &umbppb.BatchLookupRequest{}, grpc.WaitForReady(waitForReady))
-	if err != nil {
-		return rpcError(ctx, "BatchLookup", err)
+	if !waitForReady {
+		_, err := c.raw.BatchLookup(ctx, &umbppb.BatchLookupRequest{})
+		if err != nil {
+			return rpcError(ctx, "BatchLookup", err)
+		}
+		return nil
 	}
-	return nil
+	pctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for s := c.cc.GetState(); ; s = c.cc.GetState() {
+			if s == connectivity.TransientFailure && c.refused.Load() {
+				cancel(ErrRefusedConnection)
+				return
+			}
+			if !c.cc.WaitForStateChange(pctx, s) {
+				return
+			}
+		}
+	}()
+	_, err := c.raw.BatchLookup(pctx, &umbppb.BatchLookupRequest{}, grpc.WaitForReady(true))
+	cancel(nil)
+	<-watched
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() == nil && errors.Is(context.Cause(pctx), ErrRefusedConnection):
+		return fmt.Errorf("%w: %w", errdefs.ErrUnavailable, ErrRefusedConnection)
+	}
+	return rpcError(ctx, "BatchLookup", err)
 }
+
+// ErrRefusedConnection is an attach's probe of a master whose port refused
+// the connection.
+var ErrRefusedConnection = errors.New("connection refused: nothing listens at this address; start the master, or check the address and its port")
 
 // ProbeLookup is Probe made as a lookup goes: lock-step, unless
 // Options.GRPCLookups.

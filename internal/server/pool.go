@@ -73,6 +73,13 @@ type pool struct {
 // newPool maps a pool of capacity bytes. With prefault every page is mapped
 // now, at start-up, as a server that owns its pool outright would.
 func newPool(capacity uint64, prefault bool) (*pool, error) {
+	return newPoolLogged(capacity, prefault, nil)
+}
+
+// newPoolLogged is newPool that says on log (when not nil) how a prefault
+// goes: when it starts, every prefaultReportEvery while it runs, and
+// when it is done, for it takes seconds a GiB.
+func newPoolLogged(capacity uint64, prefault bool, log *slog.Logger) (*pool, error) {
 	page := uint64(os.Getpagesize())
 	if capacity > math.MaxInt64-page {
 		return nil, fmt.Errorf("server: capacity %d bytes is too large", capacity)
@@ -92,7 +99,7 @@ func newPool(capacity uint64, prefault bool) (*pool, error) {
 	// advice comes before any page is mapped, or it has none to apply to.
 	_ = unix.Madvise(arena, unix.MADV_HUGEPAGE)
 	if prefault {
-		populate(arena, page)
+		populate(arena, page, log)
 	}
 	return &pool{
 		arena:    arena,
@@ -102,14 +109,37 @@ func newPool(capacity uint64, prefault bool) (*pool, error) {
 	}, nil
 }
 
+// Prefaulting goes in parts of prefaultPart bytes; progress is logged at
+// most every prefaultReportEvery.
+const (
+	prefaultPart        = 64 << 20
+	prefaultReportEvery = time.Second
+)
+
 // populate maps every page of arena now: MADV_POPULATE_WRITE (Linux 5.14),
-// else a write to each page.
-func populate(arena []byte, page uint64) {
-	if unix.Madvise(arena, unix.MADV_POPULATE_WRITE) == nil {
-		return
+// else a write to each page; it says on log (when not nil) how it goes.
+func populate(arena []byte, page uint64, log *slog.Logger) {
+	start := time.Now()
+	total := uint64(len(arena))
+	if log != nil {
+		log.Info("umbp server: prefaulting the DRAM pool: every page is mapped before the server listens (-prefault=false skips it)", "bytes", total)
 	}
-	for i := uint64(0); i < uint64(len(arena)); i += page {
-		arena[i] = 0
+	last := start
+	for off := uint64(0); off < total; off += prefaultPart {
+		part := arena[off:min(off+prefaultPart, total)]
+		if unix.Madvise(part, unix.MADV_POPULATE_WRITE) != nil {
+			for i := uint64(0); i < uint64(len(part)); i += page {
+				part[i] = 0
+			}
+		}
+		if now := time.Now(); log != nil && now.Sub(last) >= prefaultReportEvery && off+uint64(len(part)) < total {
+			last = now
+			done := off + uint64(len(part))
+			log.Info("umbp server: prefaulting the DRAM pool", "done_bytes", done, "bytes", total, "percent", done*100/total)
+		}
+	}
+	if log != nil {
+		log.Info("umbp server: DRAM pool prefaulted", "bytes", total, "took", time.Since(start).Round(time.Millisecond))
 	}
 }
 

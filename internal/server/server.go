@@ -128,7 +128,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
-	if s.pool, err = newPool(opts.Capacity, opts.Prefault); err != nil {
+	if s.pool, err = newPoolLogged(opts.Capacity, opts.Prefault, log); err != nil {
 		s.cancel()
 		return nil, err
 	}
