@@ -255,8 +255,12 @@ func (c *Client) Invoke(ctx context.Context, method string, req []byte, resp pro
 // (MaxConns calls are not all in flight): it reports whether it made the
 // call, and, when it did not, it has done nothing (it never waits for a
 // connection). A caller with another way to send the call, which takes
-// more calls at once, uses it when every connection is busy.
+// more calls at once, uses it when every connection is busy. A nil
+// Client makes no call.
 func (c *Client) TryInvoke(ctx context.Context, method string, req []byte, resp proto.Message) (sent bool, err error) {
+	if c == nil {
+		return false, nil
+	}
 	if err := checkCall(ctx, req); err != nil {
 		return true, err
 	}

@@ -13,7 +13,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/umbp-go/umbp-go/internal/encoded"
-	"github.com/umbp-go/umbp-go/internal/h2call"
 )
 
 // EncodeKeys encodes keys as op's request, a message whose field is the
@@ -125,20 +124,25 @@ func InvokeEncoded(ctx context.Context, cc grpc.ClientConnInterface, method stri
 	return cc.Invoke(ctx, method, msg, reply, encodedCall...)
 }
 
+// TryInvoker makes a lock-step call when it can at once, and reports
+// whether it did (internal/h2call's Client; a nil *h2call.Client never
+// does).
+type TryInvoker interface {
+	TryInvoke(ctx context.Context, method string, req []byte, resp proto.Message) (sent bool, err error)
+}
+
 // InvokeLookup is the one switch between a lookup's two call paths, for a
 // standalone server's and a master's alike: lock-step on a connection of
-// lockStep free now, else (every one busy, or lockStep nil: GRPCLookups)
-// through the gRPC channel cc, which takes many calls at once on its one
-// connection. Either way msg is sent (or freed) once. A lock-step call
-// that could not go out fails as it is, and is not sent through cc: the
-// lock-step connections go only to the server the connection attached to,
-// while cc may reach another at the same address.
-func InvokeLookup(ctx context.Context, lockStep *h2call.Client, cc grpc.ClientConnInterface, method string, msg *encoded.Message, reply proto.Message) error {
-	if lockStep != nil {
-		if sent, err := lockStep.TryInvoke(ctx, method, msg.Bytes(), reply); sent {
-			msg.Free()
-			return err
-		}
+// lockStep free now, else (every one busy, or lockStep a nil client:
+// GRPCLookups) through the gRPC channel cc, which takes many calls at once
+// on its one connection. Either way msg is sent (or freed) once. A
+// lock-step call that could not go out fails as it is, and is not sent
+// through cc: the lock-step connections go only to the server the
+// connection attached to, while cc may reach another at the same address.
+func InvokeLookup(ctx context.Context, lockStep TryInvoker, cc grpc.ClientConnInterface, method string, msg *encoded.Message, reply proto.Message) error {
+	if sent, err := lockStep.TryInvoke(ctx, method, msg.Bytes(), reply); sent {
+		msg.Free()
+		return err
 	}
 	return InvokeEncoded(ctx, cc, method, msg, reply)
 }
