@@ -235,6 +235,41 @@ func ExampleSchedulerHandle_Lookup() {
 	// 2
 }
 
+// LookupAnswers tells a router, for its own call, "not in the pool" from
+// "not answered": a miss among the first Answered keys is a block the pool
+// does not hold; a key from Answered on was not asked or not answered
+// (the caller's context ended, no reply within LookupTimeout, a batch too
+// large to ask within it) and Err says why.
+func ExampleSchedulerHandle_LookupAnswers() {
+	srv, err := umbptest.Start(umbptest.Options{Capacity: 16 << 20})
+	if err != nil {
+		panic(err)
+	}
+	defer srv.Close()
+	rt, _ := umbp.NewStandaloneRuntime(umbp.Config{Endpoint: srv.Endpoint(), Logger: quiet})
+	sched, err := rt.NewSchedulerHandle(context.Background())
+	if err != nil {
+		panic(err)
+	}
+	defer sched.Close()
+	keys := []string{"block-1", "block-2", ""} // an empty key cannot be in the pool
+
+	res := sched.LookupAnswers(context.Background(), keys)
+	fmt.Println(res.Hits, res.Answered, res.Complete())
+
+	// The request's client went away: its context is the caller's, and
+	// ends this call alone.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	res = sched.LookupAnswers(ctx, keys)
+	fmt.Println(res.Hits, res.Answered, errors.Is(res.Err, context.Canceled))
+	fmt.Println(sched.Stats().Lookups.Cancelled)
+	// Output:
+	// [false false false] 3 true
+	// [false false false] 0 true
+	// 1
+}
+
 // WaitForStateChange follows a handle through a server restart without
 // polling: connected, reconnecting while the server is away, and connected
 // again once the handle has attached to the new server.
