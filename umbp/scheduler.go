@@ -260,10 +260,10 @@ func (h *SchedulerHandle) LookupTokens(ctx context.Context, prompt *TokenKeys) i
 // bad request. A block that cannot be asked about, or is quarantined, ends
 // the prefixes it is in.
 func (h *SchedulerHandle) Score(ctx context.Context, req ScoreRequest) (Scores, error) {
+	deadline := time.Now().Add(h.calls.timeout)
 	if err := req.check(); err != nil {
 		return Scores{}, invalid(err)
 	}
-	deadline := time.Now().Add(h.calls.timeout)
 	hashes, keys := req.blocks()
 	out := req.empty()
 	if len(hashes) == 0 && len(keys) == 0 {
