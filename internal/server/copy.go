@@ -35,38 +35,14 @@ type hostCopy struct {
 	dst, src []byte
 }
 
-// Host copies of a batch are spread by bytes, whatever its objects' sizes,
-// over up to maxCopyWorkers goroutines (and GOMAXPROCS), one for every
-// workerCopyMin bytes: the batch is cut into units, about unitsPerWorker a
-// worker and between minCopyUnit and maxCopyUnit bytes, which the workers
-// take in turn until none is left; 256 objects of 64 KiB are copied by
-// every worker as 4 objects of 4 MiB are. A small request's units are
-// small so that its workers finish together: a worker that starts late
-// (its processor busy with another process) or one still copying when the
-// others are done holds the request up for one small unit's copy at most;
-// a large request (64 × 4 MiB) keeps units of maxCopyUnit. A batch of less
-// than 2·workerCopyMin bytes is copied by the request's own goroutine, as
-// a lone small request is: for it a second worker's start costs about
-// what it saves.
+// Host copies of a batch are spread over up to maxCopyWorkers goroutines
+// (and GOMAXPROCS) once they hold parallelCopyMin bytes, in chunks of at
+// most copyChunk bytes.
 const (
-	maxCopyWorkers = 8
-	workerCopyMin  = 1 << 20
-	unitsPerWorker = 32
-	minCopyUnit    = 64 << 10
-	maxCopyUnit    = 1 << 20
+	maxCopyWorkers  = 8
+	parallelCopyMin = 2 << 20
+	copyChunk       = 1 << 20
 )
-
-// copyPlan returns how many workers copy a batch of n bytes and the size
-// of its units; one worker copies the whole batch as one unit.
-func copyPlan(n uint64, procs int) (workers int, unit uint64) {
-	workers = int(min(uint64(min(procs, maxCopyWorkers)), n/workerCopyMin))
-	if workers < 2 {
-		return 1, n
-	}
-	unit = n / uint64(workers*unitsPerWorker)
-	unit = max(minCopyUnit, min(maxCopyUnit, unit)) &^ (4<<10 - 1) // whole pages
-	return workers, unit
-}
 
 // Copies of at least coldCopyMin bytes (their pieces included) are made
 // with non-temporal stores (copyCold), which write whole cache lines to
@@ -128,9 +104,9 @@ func (b *copyBatch) queueHost(item int, dst, src []byte) {
 }
 
 // copyHost makes the queued host copies and returns each one's error (nil
-// when all succeeded). With enough bytes the copies are cut into units
-// (many small copies, or a piece of a large one; see copyPlan) that
-// several goroutines take in turn.
+// when all succeeded). The copies are cut into units of about copyChunk
+// bytes (many small copies, or a piece of a large one); with enough bytes,
+// several goroutines take units in turn.
 func (b *copyBatch) copyHost() []error {
 	if len(b.host) == 0 {
 		return nil
@@ -140,13 +116,35 @@ func (b *copyBatch) copyHost() []error {
 			(*h)() // tests: a copy that stalls
 		}
 	}
-	workers, unit := copyPlan(b.bytes, runtime.GOMAXPROCS(0))
-	if workers < 2 {
+	workers := min(runtime.GOMAXPROCS(0), maxCopyWorkers, int(b.bytes/copyChunk)+1)
+	if b.bytes < parallelCopyMin || workers < 2 {
 		// One goroutine: the whole batch is one unit.
 		last := len(b.host) - 1
 		return b.faultErrors(b.runUnit(copyUnit{first: 0, lo: 0, last: last, hi: len(b.host[last].src)}))
 	}
-	units := b.units(int(unit))
+	var units []copyUnit
+	cur := copyUnit{first: 0, lo: 0}
+	var curBytes int
+	for i, c := range b.host {
+		for lo := 0; lo < len(c.src); {
+			hi := min(len(c.src), lo+copyChunk-curBytes)
+			curBytes += hi - lo
+			lo = hi
+			if curBytes >= copyChunk {
+				cur.last, cur.hi = i, hi
+				units = append(units, cur)
+				cur, curBytes = copyUnit{first: i, lo: hi}, 0
+				if hi == len(c.src) {
+					cur = copyUnit{first: i + 1, lo: 0}
+				}
+			}
+		}
+	}
+	if curBytes > 0 {
+		last := len(b.host) - 1
+		cur.last, cur.hi = last, len(b.host[last].src)
+		units = append(units, cur)
+	}
 	var mu sync.Mutex
 	var faults []copyFault
 	workers = min(workers, len(units))
@@ -169,35 +167,6 @@ func (b *copyBatch) copyHost() []error {
 	}
 	wg.Wait()
 	return b.faultErrors(faults)
-}
-
-// units cuts the queued host copies into units of size bytes, the last
-// one shorter, in order.
-func (b *copyBatch) units(size int) []copyUnit {
-	units := make([]copyUnit, 0, int(b.bytes)/size+1)
-	cur := copyUnit{first: 0, lo: 0}
-	var curBytes int
-	for i, c := range b.host {
-		for lo := 0; lo < len(c.src); {
-			hi := min(len(c.src), lo+size-curBytes)
-			curBytes += hi - lo
-			lo = hi
-			if curBytes >= size {
-				cur.last, cur.hi = i, hi
-				units = append(units, cur)
-				cur, curBytes = copyUnit{first: i, lo: hi}, 0
-				if hi == len(c.src) {
-					cur = copyUnit{first: i + 1, lo: 0}
-				}
-			}
-		}
-	}
-	if curBytes > 0 {
-		last := len(b.host) - 1
-		cur.last, cur.hi = last, len(b.host[last].src)
-		units = append(units, cur)
-	}
-	return units
 }
 
 // faultErrors turns faults into copyHost's answer: nil without faults.

@@ -18,8 +18,6 @@ func TestCopyHost(t *testing.T) {
 		{0},
 		{5},
 		repeat(8192, 2048),            // 16 MiB of small copies: parallel
-		repeat(1024, 4<<10),           // 4 MiB of small copies: parallel
-		repeat(256, 64<<10),           // 16 MiB of 64 KiB copies
 		{5<<20 + 3},                   // one copy cut into units
 		{0, 1<<20 - 1, 1, 0, 3 << 20}, // units ending on copy boundaries
 		randomSizes(rng, 300, 64<<10),
@@ -139,99 +137,4 @@ func TestCopyHostFault(t *testing.T) {
 			t.Errorf("%d copies: the bytes before the cut differ", n)
 		}
 	}
-}
-
-// TestCopyPlan: a request's copies are spread by bytes, whatever its
-// objects' sizes: a lone small copy stays on the request's goroutine, a
-// batch of small objects is spread as one large object of its size is,
-// and units are whole pages between minCopyUnit and maxCopyUnit.
-func TestCopyPlan(t *testing.T) {
-	for _, c := range []struct {
-		bytes   uint64
-		procs   int
-		workers int
-		unit    uint64
-	}{
-		{64 << 10, 2, 1, 64 << 10},       // a lone 64 KiB object
-		{2<<20 - 1, 2, 1, 2<<20 - 1},     // below two workers' minimum
-		{1 << 20, 2, 1, 1 << 20},         // 256 × 4 KiB: on its own goroutine
-		{2 << 20, 2, 2, 64 << 10},        // 512 × 4 KiB
-		{16 << 20, 2, 2, 256 << 10},      // 256 × 64 KiB
-		{16 << 20, 1, 1, 16 << 20},       // one processor
-		{16 << 20, 16, 8, 64 << 10},      // at most maxCopyWorkers
-		{256 << 20, 2, 2, 1 << 20},       // 64 × 4 MiB
-		{128<<20 + 12345, 4, 4, 1 << 20}, // half of one, four processors
-		{24<<20 + 5, 2, 2, 384 << 10},    // (24 MiB + 5) / 64, to whole pages
-	} {
-		w, u := copyPlan(c.bytes, c.procs)
-		if w != c.workers || u != c.unit {
-			t.Errorf("copyPlan(%d, %d) = %d workers, units of %d; want %d, %d", c.bytes, c.procs, w, u, c.workers, c.unit)
-		}
-	}
-}
-
-// TestCopyUnits: units cover every byte of every queued copy once, in
-// order, each of the unit's size but the last, whatever the copies' sizes.
-func TestCopyUnits(t *testing.T) {
-	rng := rand.New(rand.NewPCG(5, 6))
-	for _, sizes := range [][]int{
-		repeat(256, 4<<10),
-		repeat(256, 64<<10),
-		{0, 1<<20 - 1, 1, 0, 3 << 20, 0},
-		randomSizes(rng, 300, 200<<10),
-	} {
-		for _, size := range []int{64 << 10, 256 << 10, 1 << 20} {
-			b := copyBatch{}
-			var total int
-			for i, n := range sizes {
-				b.queueHost(i, make([]byte, n), make([]byte, n))
-				total += n
-			}
-			units := b.units(size)
-			covered := 0
-			at := copyUnit{} // where the next unit must start
-			for k, u := range units {
-				n := 0
-				for i := u.first; i <= u.last; i++ {
-					lo, hi := 0, len(b.host[i].src)
-					if i == u.first {
-						lo = u.lo
-					}
-					if i == u.last {
-						hi = u.hi
-					}
-					n += hi - lo
-				}
-				if u.first != at.first && !(u.first > at.first && emptyBetween(b, at, u.first)) || u.first == at.first && u.lo != at.lo {
-					t.Fatalf("unit %d starts at copy %d byte %d, want copy %d byte %d", k, u.first, u.lo, at.first, at.lo)
-				}
-				if n != size && k != len(units)-1 || n > size {
-					t.Fatalf("units of %d: unit %d holds %d bytes", size, k, n)
-				}
-				covered += n
-				at = copyUnit{first: u.last, lo: u.hi}
-				if u.hi == len(b.host[u.last].src) {
-					at = copyUnit{first: u.last + 1}
-				}
-			}
-			if covered != total {
-				t.Fatalf("units of %d cover %d of %d bytes", size, covered, total)
-			}
-		}
-	}
-}
-
-// emptyBetween reports whether the copies from at.first up to (not
-// including) first are empty, from at.lo on.
-func emptyBetween(b copyBatch, at copyUnit, first int) bool {
-	for i := at.first; i < first; i++ {
-		lo := 0
-		if i == at.first {
-			lo = at.lo
-		}
-		if len(b.host[i].src) > lo {
-			return false
-		}
-	}
-	return true
 }
