@@ -129,3 +129,74 @@ func BenchmarkCopyHost(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkBatchPut and BenchmarkBatchGet measure a plain BatchPut (a
+// BatchGet) of n objects of one range each, through the generated client,
+// on a prefaulted pool: 256 × 64 KiB and 256 × 4 KiB (small objects, whose
+// copies must still use every processor) and 8 × 4 MiB. The pool holds
+// eight requests, so that a store is copied in one piece (a request is
+// finished in parts at an eighth of the pool); it is cleared between
+// stores, and a load's destination is left as the last load wrote it.
+func BenchmarkBatchPut(b *testing.B) { benchBatch(b, true) }
+
+func BenchmarkBatchGet(b *testing.B) { benchBatch(b, false) }
+
+func benchBatch(b *testing.B, put bool) {
+	for _, c := range []struct {
+		n, size int
+	}{{256, 64 << 10}, {256, 4 << 10}, {8, 4 << 20}} {
+		b.Run(fmt.Sprintf("%dx%dKiB", c.n, c.size>>10), func(b *testing.B) {
+			total := c.n * c.size
+			h := newHarness(b, Options{Capacity: uint64(8 * total), Prefault: true})
+			m := newMemfd(b, 2*total)
+			fill(m.mem[:total], 3)
+			h.register(b, "bench", m)
+			req := &umbppb.BatchDataRequest{ClientId: "bench"}
+			for i := range c.n {
+				req.Keys = append(req.Keys, fmt.Sprintf("obj-%d", i))
+				req.ShmOffsets = append(req.ShmOffsets, uint64(i*c.size))
+				req.Sizes = append(req.Sizes, uint64(c.size))
+				req.RegionBases = append(req.RegionBases, m.base)
+			}
+			ctx := ctxT(b)
+			call := h.c.BatchPut
+			if !put {
+				r, err := h.c.BatchPut(ctx, req)
+				if err != nil || !allTrue(r.Ok) {
+					b.Fatalf("BatchPut: %v %v", r.GetOk(), err)
+				}
+				for i := range req.ShmOffsets {
+					req.ShmOffsets[i] += uint64(total) // load into the second half
+				}
+				call = h.c.BatchGet
+			}
+			b.SetBytes(int64(total))
+			b.ReportAllocs()
+			for b.Loop() {
+				if put {
+					b.StopTimer()
+					if _, err := h.c.Clear(ctx, &umbppb.Empty{}); err != nil {
+						b.Fatal(err)
+					}
+					b.StartTimer()
+				}
+				r, err := call(ctx, req)
+				if err != nil || !allTrue(r.Ok) {
+					b.Fatalf("batch: %v %v", r.GetOk(), err)
+				}
+			}
+			if !put {
+				wantBytes(b, "loaded", m.mem[total:], m.mem[:total])
+			}
+		})
+	}
+}
+
+func allTrue(v []bool) bool {
+	for _, ok := range v {
+		if !ok {
+			return false
+		}
+	}
+	return len(v) > 0
+}

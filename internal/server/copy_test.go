@@ -18,6 +18,8 @@ func TestCopyHost(t *testing.T) {
 		{0},
 		{5},
 		repeat(8192, 2048),            // 16 MiB of small copies: parallel
+		repeat(256, 64<<10),           // 256 × 64 KiB: parallel, in 1 MiB units
+		repeat(256, 4<<10),            // 256 × 4 KiB: on one goroutine
 		{5<<20 + 3},                   // one copy cut into units
 		{0, 1<<20 - 1, 1, 0, 3 << 20}, // units ending on copy boundaries
 		randomSizes(rng, 300, 64<<10),
