@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -160,6 +161,8 @@ func TestEncodeAskable(t *testing.T) {
 		{[]string{"a", "", "b", "\xff", "c"}, []string{"a", "b", "c"}, []int{0, 2, 4}},
 		{[]string{"\xff", "a"}, []string{"a"}, []int{1}},
 		{[]string{"", "\xff"}, nil, []int{}},
+		{[]string{"a", strings.Repeat("k", MaxKeyBytes+1), "b"}, []string{"a", "b"}, []int{0, 2}},
+		{[]string{strings.Repeat("k", MaxKeyBytes)}, []string{strings.Repeat("k", MaxKeyBytes)}, nil},
 	} {
 		k, err := EncodeAskable("lookup", 1, tc.keys, MaxMessageSize)
 		if err != nil {
@@ -180,4 +183,47 @@ func TestEncodeAskable(t *testing.T) {
 	if _, err := EncodeAskable("lookup", 1, []string{"a", strings.Repeat("x", 100)}, 50); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("a key over the limit: %v", err)
 	}
+}
+
+// FuzzEncodeAskable: whatever the keys, the encoding asks about exactly
+// those that can be asked about (not empty, at most MaxKeyBytes, UTF-8),
+// in order, byte for byte as proto.Marshal writes them, and At says where
+// each is.
+func FuzzEncodeAskable(f *testing.F) {
+	f.Add("a\x00b\x00\xff\x00\x00c", 0)
+	f.Add("k", MaxKeyBytes+1)
+	f.Fuzz(func(t *testing.T, joined string, longAt int) {
+		keys := strings.Split(joined, "\x00")
+		if longAt >= 0 && longAt < len(keys) {
+			keys[longAt] = strings.Repeat("k", MaxKeyBytes+1)
+		}
+		k, err := EncodeAskable("lookup", 1, keys, MaxMessageSize)
+		if err != nil {
+			t.Fatalf("%q: %v", keys, err)
+		}
+		defer k.Free()
+		var ask []string
+		var at []int
+		for i, key := range keys {
+			if key != "" && len(key) <= MaxKeyBytes && utf8.ValidString(key) {
+				ask, at = append(ask, key), append(at, i)
+			}
+		}
+		if k.N != len(ask) {
+			t.Fatalf("%q: %d keys asked, want %d", keys, k.N, len(ask))
+		}
+		if k.At == nil {
+			if len(ask) != len(keys) {
+				t.Fatalf("%q: At nil with keys left out", keys)
+			}
+		} else if !slices.Equal(k.At, at) {
+			t.Fatalf("%q: At %v, want %v", keys, k.At, at)
+		}
+		if k.N > 0 {
+			want, _ := proto.Marshal(&umbppb.BatchKeysRequest{Keys: ask})
+			if got := Part(k, Span{0, k.N}).Bytes(); string(got) != string(want) {
+				t.Fatalf("%q: encoded %x, want %x", keys, got, want)
+			}
+		}
+	})
 }
