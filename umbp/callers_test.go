@@ -248,6 +248,16 @@ func TestLookupBoundAtAnyBatchSize(t *testing.T) {
 	if a.Answered < len(keys) && (a.Complete() || a.Err == nil) {
 		t.Fatalf("answered %d of %d keys but complete (%v)", a.Answered, len(keys), a.Err)
 	}
+	if a.Answered > 0 && a.Answered < len(keys) {
+		// The server answered part of the call: it is alive, and the
+		// batch was too large for the bound. The next call asks it (is
+		// not held off, which Unasked would count).
+		unasked := h.Stats().Lookups.Unasked
+		h.Lookup(ctx, held)
+		if n := h.Stats().Lookups.Unasked - unasked; n != 0 {
+			t.Fatalf("a call after one answered in part was held off")
+		}
+	}
 
 	srv.Stall()
 	for _, n := range []int{1, 1024, 65536, 262144, 1 << 20} {

@@ -175,8 +175,8 @@ const (
 )
 
 // call runs fn on one of c's detached goroutines and waits for it until
-// deadline (the end of the caller's call's bound: it began at the call)
-// or until ctx ends; what names the call in its errors. A lookup (kind
+// b's deadline (the end of the caller's call's bound: it began at the
+// call) or until ctx ends; what names the call in its errors. A lookup (kind
 // callExists or callPrefix) on a source whose lookups are lock-step runs
 // on the caller's goroutine instead (callInline).
 //
@@ -186,8 +186,9 @@ const (
 // call whose caller's context ended first is that caller's: it ends, and
 // nothing else happens, unless the server then lets a detached call run
 // past the bound, which is the server's lateness and held against it then.
-func call[T any](ctx context.Context, c *caller, what string, kind callKind, deadline time.Time, fn func(lookupSource, context.Context) (T, error)) (T, error) {
+func call[T any](ctx context.Context, c *caller, what string, kind callKind, b bound, fn func(lookupSource, context.Context) (T, error)) (T, error) {
 	var zero T
+	deadline := b.deadline
 	if err := ctx.Err(); err != nil {
 		return zero, callerLeft(what, ctx)
 	}
@@ -215,7 +216,7 @@ func call[T any](ctx context.Context, c *caller, what string, kind callKind, dea
 	caps := src.can()
 	if kind != callOther && caps.lockStep {
 		c.mu.Unlock()
-		return callInline(ctx, c, what, src, kind, deadline, fn)
+		return callInline(ctx, c, what, src, kind, b, fn)
 	}
 	pool := c.calls
 	// The RPC itself carries no deadline: a deadline costs a timer on
@@ -269,18 +270,17 @@ func call[T any](ctx context.Context, c *caller, what string, kind callKind, dea
 			end(errdefs.ErrNoReply) // the store is checked then
 		}
 	} else {
-		// It goes on. A call the bound ended that the server had for half
-		// the bound at least holds later calls off now, until it returns,
-		// as a lock-step one does; one its caller left, or that began
-		// late in a batch's bound, once the server has had it for
-		// LookupTimeout.
-		start := time.Unix(0, began.Load())
-		if began.Load() == 0 {
-			start = time.Now()
-		}
-		if !left && time.Since(start) >= c.timeout/2 {
+		// It goes on. A call the bound ended with no answer at all holds
+		// later calls off now, until it returns, as a lock-step one does;
+		// one its caller left, or a part of a batch the server was
+		// answering, once the server has had it for LookupTimeout.
+		if !left && !b.partAnswered {
 			c.overran(src, pool, kind, f.Done())
 		} else {
+			start := time.Unix(0, began.Load())
+			if began.Load() == 0 {
+				start = time.Now()
+			}
 			c.lateAt(src, pool, kind, f.Done(), start.Add(c.timeout))
 		}
 	}
@@ -315,6 +315,18 @@ func noReply(what string, bound time.Duration) error {
 	return fmt.Errorf("%s: %w within %v: %w", what, errdefs.ErrNoReply, bound, context.DeadlineExceeded)
 }
 
+// bound is a call's bound: its deadline, LookupTimeout from the start of
+// the handle's call, and whether the server answered an earlier part of
+// the same call (it is alive: a part the deadline cuts off is the batch's
+// size, not the server's lateness, and holds nothing off).
+type bound struct {
+	deadline     time.Time
+	partAnswered bool
+}
+
+// newBound is the bound of a call that begins now.
+func (c *caller) newBound() bound { return bound{deadline: time.Now().Add(c.timeout)} }
+
 // A batch is asked in parts of at most lookupPartKeys keys and
 // lookupPartBytes bytes of keys, each encoded just before it is asked, so
 // that the call's bound covers its encoding and a batch too large to ask
@@ -340,23 +352,23 @@ func partEnd(keys []string, i int) int {
 
 // partsLeft reports why no further part of a call may be asked: its
 // caller's context ended, or its bound passed; nil when one may.
-func (c *caller) partsLeft(ctx context.Context, what string, deadline time.Time) error {
+func (c *caller) partsLeft(ctx context.Context, what string, b bound) error {
 	if ctx.Err() != nil {
 		return callerLeft(what, ctx)
 	}
-	if !time.Now().Before(deadline) {
+	if !time.Now().Before(b.deadline) {
 		return noReply(what, c.timeout)
 	}
 	return nil
 }
 
 // exists answers in hits, one per key of keys, whether the server holds
-// it, part by part within the call's bound (deadline); answered is how
+// it, part by part within the call's bound; answered is how
 // many leading keys have an answer, and err why the others have none. A
 // key that cannot be asked about (encodeKeys leaves it out) is a miss.
-func (c *caller) exists(ctx context.Context, deadline time.Time, encodeKeys func([]string) (encoded.Keys, error), keys []string, hits []bool) (answered int, err error) {
+func (c *caller) exists(ctx context.Context, b bound, encodeKeys func([]string) (encoded.Keys, error), keys []string, hits []bool) (answered int, err error) {
 	for i := 0; i < len(keys); {
-		if err := c.partsLeft(ctx, "lookup", deadline); err != nil {
+		if err := c.partsLeft(ctx, "lookup", b); err != nil {
 			return i, err
 		}
 		j := partEnd(keys, i)
@@ -366,7 +378,7 @@ func (c *caller) exists(ctx context.Context, deadline time.Time, encodeKeys func
 		}
 		if q.N > 0 {
 			n := q.N // keys are freed once sent
-			part, err := call(ctx, c, "lookup", callExists, deadline, func(src lookupSource, ctx context.Context) ([]bool, error) {
+			part, err := call(ctx, c, "lookup", callExists, b, func(src lookupSource, ctx context.Context) ([]bool, error) {
 				hits, err := src.exists(ctx, q)
 				if err == nil && len(hits) != n {
 					return nil, fmt.Errorf("%d results for %d keys", len(hits), n)
@@ -376,6 +388,7 @@ func (c *caller) exists(ctx context.Context, deadline time.Time, encodeKeys func
 			if err != nil {
 				return i, err
 			}
+			b.partAnswered = true
 			if q.At == nil {
 				copy(hits[i:j], part)
 			} else {
@@ -393,10 +406,10 @@ func (c *caller) exists(ctx context.Context, deadline time.Time, encodeKeys func
 // part within the call's bound: on an error, the count of the parts
 // answered before it. A key that cannot be asked about, or one that
 // first (quarantine) cuts off, ends the prefix.
-func (c *caller) prefix(ctx context.Context, deadline time.Time, encodeKeys func([]string) (encoded.Keys, error), first func([]string) int, keys []string) (int, error) {
+func (c *caller) prefix(ctx context.Context, b bound, encodeKeys func([]string) (encoded.Keys, error), first func([]string) int, keys []string) (int, error) {
 	total := 0
 	for i := 0; i < len(keys); {
-		if err := c.partsLeft(ctx, "prefix lookup", deadline); err != nil {
+		if err := c.partsLeft(ctx, "prefix lookup", b); err != nil {
 			return total, err
 		}
 		end := partEnd(keys, i)
@@ -419,13 +432,14 @@ func (c *caller) prefix(ctx context.Context, deadline time.Time, encodeKeys func
 			return total, err
 		}
 		want := j - i
-		n, err := call(ctx, c, "prefix lookup", callPrefix, deadline, func(src lookupSource, ctx context.Context) (int, error) {
+		n, err := call(ctx, c, "prefix lookup", callPrefix, b, func(src lookupSource, ctx context.Context) (int, error) {
 			return checkedPrefix(src, ctx, q, want)
 		})
 		total += n
 		if err != nil || n < want || j < end {
 			return total, err
 		}
+		b.partAnswered = true
 		i = j
 	}
 	return total, nil
@@ -440,21 +454,19 @@ func checkedPrefix(src lookupSource, ctx context.Context, keys encoded.Keys, n i
 	return count, err
 }
 
-// callInline runs fn on the caller's goroutine, ended at deadline or when
-// ctx ends. One ended at its deadline that had the server's ear for half
-// the bound at least leaves a probe in flight (overran): the server let it
-// overrun. One ended sooner by the bound (the last part of a batch too
-// large to ask within it) says nothing of the server, and neither does
-// one whose caller's context ended.
-func callInline[T any](ctx context.Context, c *caller, what string, src lookupSource, kind callKind, deadline time.Time, fn func(lookupSource, context.Context) (T, error)) (T, error) {
+// callInline runs fn on the caller's goroutine, ended at b's deadline or
+// when ctx ends. One ended at its deadline with no answer at all leaves a
+// probe in flight (overran): the server let it overrun. A part of a batch
+// the server was answering, cut off by the deadline, says nothing of the
+// server, and neither does a call whose caller's context ended.
+func callInline[T any](ctx context.Context, c *caller, what string, src lookupSource, kind callKind, b bound, fn func(lookupSource, context.Context) (T, error)) (T, error) {
 	var zero T
 	// A timer that cancels, rather than a deadline: a deadline would
 	// travel to the server (grpc-timeout), which would then keep a timer
 	// of its own for every call.
-	began := time.Now()
 	cctx, cancel := context.WithCancelCause(ctx)
 	var expired atomic.Bool
-	t := time.AfterFunc(deadline.Sub(began), func() {
+	t := time.AfterFunc(time.Until(b.deadline), func() {
 		expired.Store(true)
 		cancel(errdefs.ErrNoReply)
 	})
@@ -465,7 +477,7 @@ func callInline[T any](ctx context.Context, c *caller, what string, src lookupSo
 	case err == nil:
 		return v, nil
 	case expired.Load():
-		if time.Since(began) >= c.timeout/2 {
+		if !b.partAnswered {
 			c.overran(src, nil, kind, nil)
 		}
 		return zero, noReply(what, c.timeout)

@@ -170,7 +170,7 @@ func (a LookupResult) Complete() bool { return a.Err == nil && a.Answered == len
 // all within one LookupTimeout from the call: a batch too large to ask
 // within it is answered as far as it got, the rest misses.
 func (h *SchedulerHandle) LookupAnswers(ctx context.Context, keys []string) LookupResult {
-	deadline := time.Now().Add(h.calls.timeout)
+	b := h.calls.newBound()
 	out := LookupResult{Hits: make([]bool, len(keys))}
 	if len(keys) == 0 {
 		return out
@@ -180,7 +180,7 @@ func (h *SchedulerHandle) LookupAnswers(ctx context.Context, keys []string) Look
 	// the call sends the encoded bytes. The encoder, which reads every key
 	// anyway, leaves out the keys that cannot be asked about.
 	h.stats.lookups.Add(1)
-	out.Answered, out.Err = h.calls.exists(ctx, deadline, h.backend.encode, keys, out.Hits)
+	out.Answered, out.Err = h.calls.exists(ctx, b, h.backend.encode, keys, out.Hits)
 	if out.Err != nil && out.Answered > 0 {
 		out.Err = fmt.Errorf("%d of %d keys answered: %w", out.Answered, len(keys), out.Err)
 	}
@@ -215,12 +215,12 @@ func (h *SchedulerHandle) askable(keys []string) []string {
 // answered before it (0 for a batch of one part). A key that cannot be in
 // the pool, or is quarantined, ends the prefix.
 func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
-	deadline := time.Now().Add(h.calls.timeout)
+	b := h.calls.newBound()
 	if len(keys) == 0 || !lookupKeyOK(keys[0]) {
 		return 0
 	}
 	h.stats.lookups.Add(1)
-	n, err := h.calls.prefix(ctx, deadline, h.backend.encode, h.quarantine.first, keys)
+	n, err := h.calls.prefix(ctx, b, h.backend.encode, h.quarantine.first, keys)
 	if err != nil {
 		h.logFailure("prefix lookup", err)
 	}
@@ -260,7 +260,7 @@ func (h *SchedulerHandle) LookupTokens(ctx context.Context, prompt *TokenKeys) i
 // bad request. A block that cannot be asked about, or is quarantined, ends
 // the prefixes it is in.
 func (h *SchedulerHandle) Score(ctx context.Context, req ScoreRequest) (Scores, error) {
-	deadline := time.Now().Add(h.calls.timeout)
+	b := h.calls.newBound()
 	if err := req.check(); err != nil {
 		return Scores{}, invalid(err)
 	}
@@ -277,7 +277,7 @@ func (h *SchedulerHandle) Score(ctx context.Context, req ScoreRequest) (Scores, 
 	// the keys) on its own goroutine, within its bound.
 	h.stats.lookups.Add(1)
 	q := scoreQuery{slices.Clone(hashes), slices.Clone(keys), h.askable, h.backend.encode}
-	a, err := call(ctx, h.calls, "score", callOther, deadline, q.ask)
+	a, err := call(ctx, h.calls, "score", callOther, b, q.ask)
 	if err != nil {
 		h.logFailure("score", err)
 		return out, nil
@@ -313,7 +313,7 @@ func (h *SchedulerHandle) QuarantineKeys(keys []string) {
 // (context.DeadlineExceeded). A handle on the master is refused
 // (ErrNotSupported): a distributed pool is cleared by its nodes.
 func (h *SchedulerHandle) Clear(ctx context.Context) error {
-	cleared, err := call(ctx, h.calls, "Clear", callOther, time.Now().Add(h.calls.timeout), lookupSource.clear)
+	cleared, err := call(ctx, h.calls, "Clear", callOther, h.calls.newBound(), lookupSource.clear)
 	if err == nil && !cleared {
 		err = fmt.Errorf("%w: the server answered that it did not clear its pool", ErrRefused)
 	}
@@ -331,7 +331,7 @@ func (h *SchedulerHandle) Clear(ctx context.Context) error {
 // scheduler call; the answer also refreshes what [SchedulerHandle.Stats]
 // reports. Its error says why the server did not answer.
 func (h *SchedulerHandle) Ping(ctx context.Context) (ServerCapabilities, error) {
-	caps, err := call(ctx, h.calls, "Ping", callOther, time.Now().Add(h.calls.timeout), lookupSource.ping)
+	caps, err := call(ctx, h.calls, "Ping", callOther, h.calls.newBound(), lookupSource.ping)
 	return caps, opError("ping", h.address, err)
 }
 
