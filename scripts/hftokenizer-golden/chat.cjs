@@ -136,8 +136,9 @@ function toolDump(t) {
   return out;
 }
 
-// message is _parse_chat_message_content for the "string" content format.
-function message(m) {
+// message is _parse_chat_message_content for a content format: "string"
+// joins the text parts with "\n", "openai" keeps them as text parts.
+function message(m, format) {
   let parts = m.content;
   if (parts === null || parts === undefined) parts = [];
   else if (typeof parts === "string") parts = [{ type: "text", text: parts }];
@@ -146,15 +147,16 @@ function message(m) {
     if (typeof p === "string") texts.push(p);
     else if (p.type === "text" && p.text !== null && p.text !== undefined) texts.push(p.text);
   }
-  const out = { role: m.role, content: texts.join("\n") };
+  const out = { role: m.role, content: format === "openai" ? texts.map((t) => ({ type: "text", text: t })) : texts.join("\n") };
   if (m.role === "assistant") {
     if (m.tool_calls !== undefined && m.tool_calls !== null) out.tool_calls = JSON.parse(JSON.stringify(m.tool_calls));
     if (m.reasoning !== undefined && m.reasoning !== null) {
       out.reasoning = m.reasoning;
       out.reasoning_content = m.reasoning;
     }
-  } else if (m.role === "tool" && m.tool_call_id !== undefined) {
-    out.tool_call_id = m.tool_call_id;
+  } else if (m.role === "tool") {
+    if (m.tool_call_id !== undefined) out.tool_call_id = m.tool_call_id;
+    if (Array.isArray(out.content)) out.content = out.content.map((p) => p.text).join("\n");
   }
   if (typeof m.name === "string") out.name = m.name;
   return out;
@@ -195,15 +197,28 @@ function specialTokens(cfg) {
   return out;
 }
 
-function toTemplateInput(request, cfg) {
-  const input = {
+function toTemplateInput(request, cfg, format) {
+  return {
     ...specialTokens(cfg),
     ...(request.chat_template_kwargs || {}),
-    messages: postprocess(request.messages.map(message)),
+    messages: postprocess(request.messages.map((m) => message(m, format))),
+    tools: request.tools === undefined || request.tools === null ? null : request.tools.map(toolDump),
+    documents: null,
     add_generation_prompt: request.add_generation_prompt === undefined ? true : request.add_generation_prompt,
   };
-  if (request.tools !== undefined && request.tools !== null) input.tools = request.tools.map(toolDump);
-  return input;
 }
 
-module.exports = { conversations, toTemplateInput };
+// continueFinal is transformers' continue_final_message: the render ends
+// where the final message's content does.
+function continueFinal(rendered, input) {
+  let final = input.messages[input.messages.length - 1].content;
+  if (Array.isArray(final)) final = final.filter((p) => "text" in p).map((p) => p.text).pop();
+  const trimmed = final.trim();
+  if (!rendered.includes(trimmed)) throw new Error("continue_final_message: the final message does not appear in the render");
+  const loc = rendered.lastIndexOf(trimmed);
+  const lstripped = final.trimStart();
+  if (rendered.slice(loc, loc + lstripped.length) === final) return rendered.slice(0, loc + lstripped.length);
+  return rendered.slice(0, loc + trimmed.length);
+}
+
+module.exports = { conversations, toTemplateInput, continueFinal };

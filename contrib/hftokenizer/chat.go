@@ -1,0 +1,300 @@
+package hftokenizer
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/lestrrat-go/strftime"
+	"github.com/nikolalohinski/gonja/v2"
+	"github.com/nikolalohinski/gonja/v2/builtins"
+	"github.com/nikolalohinski/gonja/v2/config"
+	"github.com/nikolalohinski/gonja/v2/exec"
+	"github.com/nikolalohinski/gonja/v2/loaders"
+)
+
+// ErrTemplate is matched by the error of a chat template that does not
+// compile or that fails while rendering, raise_exception's included.
+var ErrTemplate = errors.New("hftokenizer: chat template")
+
+// chatConfig is what tokenizer_config.json gives the chat: its templates
+// and the special tokens transformers passes to them.
+type chatConfig struct {
+	templates map[string]string // by name; a single template is "default"
+	special   map[string]any    // bos_token, eos_token, …: the special_tokens_map
+	compiled  map[string]*exec.Template
+}
+
+func parseConfig(b []byte) (*chatConfig, error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return nil, err
+	}
+	c := &chatConfig{templates: map[string]string{}, special: map[string]any{}, compiled: map[string]*exec.Template{}}
+	if t, ok := raw["chat_template"]; ok && !isNull(t) {
+		var s string
+		var named []struct{ Name, Template string }
+		switch {
+		case json.Unmarshal(t, &s) == nil:
+			c.templates["default"] = s
+		case json.Unmarshal(t, &named) == nil:
+			for _, n := range named {
+				c.templates[n.Name] = n.Template
+			}
+		default:
+			return nil, fmt.Errorf("chat_template is neither a string nor a list of named templates")
+		}
+	}
+	// transformers' special_tokens_map: each attribute that is set, as a
+	// string (an AddedToken written as an object gives its content).
+	content := func(m json.RawMessage) (string, bool) {
+		var s string
+		if json.Unmarshal(m, &s) == nil {
+			return s, true
+		}
+		var t struct{ Content *string }
+		if json.Unmarshal(m, &t) == nil && t.Content != nil {
+			return *t.Content, true
+		}
+		return "", false
+	}
+	for _, k := range []string{"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"} {
+		if m, ok := raw[k]; ok {
+			if s, ok := content(m); ok {
+				c.special[k] = s
+			}
+		}
+	}
+	if m, ok := raw["additional_special_tokens"]; ok && !isNull(m) {
+		var list []json.RawMessage
+		if err := json.Unmarshal(m, &list); err != nil {
+			return nil, fmt.Errorf("additional_special_tokens: %w", err)
+		}
+		var out []any
+		for _, e := range list {
+			if s, ok := content(e); ok {
+				out = append(out, s)
+			}
+		}
+		c.special["additional_special_tokens"] = out
+	}
+	for name, src := range c.templates {
+		tmpl, err := compileTemplate(src)
+		if err != nil {
+			return nil, fmt.Errorf("%w %q: %v", ErrTemplate, name, err)
+		}
+		c.compiled[name] = tmpl
+	}
+	return c, nil
+}
+
+// environment is transformers' chat template environment
+// (transformers/utils/chat_template_utils.py, _compile_jinja_template):
+// trim_blocks and lstrip_blocks, the globals raise_exception and
+// strftime_now, and tojson as json.dumps with ensure_ascii=False and no
+// HTML escaping.
+func environment() *exec.Environment {
+	filters := exec.NewFilterSet(map[string]exec.FilterFunction{})
+	filters.Update(builtins.Filters)
+	if err := filters.Replace("tojson", toJSONFilter); err != nil {
+		panic(err)
+	}
+	ctx := exec.EmptyContext().Update(builtins.GlobalFunctions).Update(builtins.GlobalVariables)
+	ctx.Set("raise_exception", func(msg string) (string, error) {
+		return "", fmt.Errorf("raise_exception: %s", msg)
+	})
+	return &exec.Environment{
+		Context:           ctx,
+		Filters:           filters,
+		Tests:             builtins.Tests,
+		ControlStructures: builtins.ControlStructures,
+		Methods:           builtins.Methods,
+	}
+}
+
+var templateConfig = func() *config.Config {
+	c := gonja.DefaultConfig.Inherit()
+	c.TrimBlocks = true
+	c.LeftStripBlocks = true
+	c.KeepTrailingNewline = false
+	return c
+}()
+
+func compileTemplate(src string) (*exec.Template, error) {
+	loader, err := loaders.NewShiftedLoader("chat_template", strings.NewReader(src), loaders.MustNewMemoryLoader(nil))
+	if err != nil {
+		return nil, err
+	}
+	return exec.NewTemplate("chat_template", templateConfig, loader, environment())
+}
+
+// orderVar is the render's variable that holds the key order of the
+// request's objects, for tojson.
+const orderVar = "__hftokenizer_key_order"
+
+func toJSONFilter(e *exec.Evaluator, in *exec.Value, params *exec.VarArgs) *exec.Value {
+	if in.IsError() {
+		return in
+	}
+	var indent *exec.Value
+	ensureASCII := false
+	if err := params.Take(
+		exec.KeywordArgument("indent", exec.AsValue(nil), func(v *exec.Value) error { indent = v; return nil }),
+		exec.KeywordArgument("ensure_ascii", exec.AsValue(false), func(v *exec.Value) error { ensureASCII = v.IsTrue(); return nil }),
+		exec.KeywordArgument("separators", exec.AsValue(nil), func(v *exec.Value) error {
+			if !v.IsNil() {
+				return errors.New("separators other than the default are not supported")
+			}
+			return nil
+		}),
+		exec.KeywordArgument("sort_keys", exec.AsValue(false), func(v *exec.Value) error {
+			if v.IsTrue() {
+				return errors.New("sort_keys is not supported")
+			}
+			return nil
+		}),
+	); err != nil {
+		return exec.AsValue(exec.ErrInvalidCall(err))
+	}
+	var ind *string
+	switch {
+	case indent.IsNil():
+	case indent.IsInteger():
+		s := strings.Repeat(" ", indent.Integer())
+		ind = &s
+	case indent.IsString():
+		s := indent.String()
+		ind = &s
+	default:
+		return exec.AsValue(fmt.Errorf("tojson: indent %s", indent.String()))
+	}
+	var order keyOrder
+	if v, ok := e.Environment.Context.Get(orderVar); ok {
+		order, _ = v.(keyOrder)
+	}
+	s, err := pyDumps(in.Interface(), order, ind, ensureASCII)
+	if err != nil {
+		return exec.AsValue(err)
+	}
+	return exec.AsSafeValue(s)
+}
+
+// ChatTemplate returns the tokenizer's chat template as vLLM and
+// transformers pick it (tokenizer.get_chat_template): the one named
+// "tool_use" when the request has tools and the tokenizer has such a
+// template, else "default".
+func (t *Tokenizer) chatTemplate(tools bool) (string, *exec.Template, error) {
+	if t.config == nil || len(t.config.templates) == 0 {
+		return "", nil, fmt.Errorf("%w: the tokenizer has no chat template", ErrTemplate)
+	}
+	name := "default"
+	if _, ok := t.config.templates["tool_use"]; tools && ok {
+		name = "tool_use"
+	}
+	tmpl, ok := t.config.compiled[name]
+	if !ok {
+		return "", nil, fmt.Errorf("%w: the tokenizer has no template named %q", ErrTemplate, name)
+	}
+	return t.config.templates[name], tmpl, nil
+}
+
+// ContentFormat is how message content reaches a chat template, as vLLM's
+// --chat-template-content-format has it.
+type ContentFormat string
+
+const (
+	// ContentFormatAuto detects the format from the template, as vLLM
+	// does: "openai" when it loops over a message's content.
+	ContentFormatAuto ContentFormat = "auto"
+	// ContentFormatString joins a message's text parts with "\n".
+	ContentFormatString ContentFormat = "string"
+	// ContentFormatOpenAI passes a message's content as a list of
+	// {"type": "text", "text": …} parts.
+	ContentFormatOpenAI ContentFormat = "openai"
+)
+
+var (
+	setFromRE    = regexp.MustCompile(`\{%-?\s*set\s+(\w+)\s*=\s*(\w+)\b`)
+	forInRE      = regexp.MustCompile(`\{%-?\s*for\s+(\w+)\s+in\s+(\w+)\b`)
+	contentForRE = regexp.MustCompile(`\{%-?\s*for\s+\w+\s+in\s+(\w+)\s*(?:\[\s*['"]content['"]\s*\]|\.content\b)`)
+)
+
+// detectContentFormat is vLLM's _detect_content_format
+// (vllm/renderers/hf.py): "openai" when the template loops over the
+// content of a message (for … in message['content'], message being a
+// loop variable over messages or over a variable set from it), "string"
+// otherwise. vLLM walks the template's syntax tree; this reads its text
+// for the same statements.
+func detectContentFormat(src string) ContentFormat {
+	related := map[string]bool{"messages": true}
+	for changed := true; changed; {
+		changed = false
+		for _, m := range setFromRE.FindAllStringSubmatch(src, -1) {
+			if related[m[2]] && !related[m[1]] {
+				related[m[1]], changed = true, true
+			}
+		}
+	}
+	loopVars := map[string]bool{}
+	for _, m := range forInRE.FindAllStringSubmatch(src, -1) {
+		if related[m[2]] {
+			loopVars[m[1]] = true
+		}
+	}
+	for _, m := range contentForRE.FindAllStringSubmatch(src, -1) {
+		if loopVars[m[1]] {
+			return ContentFormatOpenAI
+		}
+	}
+	return ContentFormatString
+}
+
+// renderVars are a render's variables.
+type renderVars struct {
+	messages            []any
+	tools               []any // nil: None
+	addGenerationPrompt bool
+	kwargs              map[string]any
+	order               keyOrder
+	now                 func() time.Time
+}
+
+// render renders the template as transformers' apply_chat_template does
+// (render_jinja_template): the special tokens, then the request's
+// chat_template_kwargs, then messages, tools, documents and
+// add_generation_prompt.
+func (t *Tokenizer) render(tmpl *exec.Template, v renderVars) (string, error) {
+	ctx := exec.NewContext(map[string]any{})
+	if t.config != nil {
+		for k, val := range t.config.special {
+			ctx.Set(k, val)
+		}
+	}
+	for k, val := range v.kwargs {
+		ctx.Set(k, val)
+	}
+	ctx.Set("messages", v.messages)
+	if v.tools == nil {
+		ctx.Set("tools", nil)
+	} else {
+		ctx.Set("tools", v.tools)
+	}
+	ctx.Set("documents", nil)
+	ctx.Set("add_generation_prompt", v.addGenerationPrompt)
+	ctx.Set(orderVar, v.order)
+	now := v.now
+	if now == nil {
+		now = time.Now
+	}
+	ctx.Set("strftime_now", func(format string) (string, error) {
+		return strftime.Format(format, now())
+	})
+	out, err := tmpl.ExecuteToString(ctx)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrTemplate, err)
+	}
+	return out, nil
+}
