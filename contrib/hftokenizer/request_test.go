@@ -1,0 +1,133 @@
+package hftokenizer
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestPyDumps checks tojson against what Python's json.dumps writes for
+// the same values (written out from Python 3's rules: key order kept,
+// ", " and ": " without an indent, "," with one, floats as repr, no HTML
+// escaping, ensure_ascii=False as transformers passes it).
+func TestPyDumps(t *testing.T) {
+	order := keyOrder{}
+	v, err := decodeJSON([]byte(`{"z": 1, "a": [1.0, 2.50, 1e16, 1.5e-5, 0.0001, -0.0, 123456789012, 1E2],
+		"s": "<&>'\"\\\n\t\u0001\u007f\u2028é😀", "n": null, "t": true, "e": {}, "l": []}`), order)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pyDumps(v, order, nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"z": 1, "a": [1.0, 2.5, 1e+16, 1.5e-05, 0.0001, -0.0, 123456789012, 100.0], "s": "<&>'\"\\\n\t\u0001` + "\u007f\u2028é😀" + `", "n": null, "t": true, "e": {}, "l": []}`
+	if got != want {
+		t.Errorf("json.dumps:\n%s\nwant\n%s", got, want)
+	}
+	got, _ = pyDumps(v, order, nil, true)
+	if !strings.Contains(got, `"<&>'\"\\\n\t\u0001\u007f\u2028\u00e9\ud83d\ude00"`) {
+		t.Errorf("ensure_ascii: %s", got)
+	}
+	ind := "  "
+	v, _ = decodeJSON([]byte(`{"b": [1, {"c": []}], "a": {}}`), order)
+	got, _ = pyDumps(v, order, &ind, false)
+	if want := "{\n  \"b\": [\n    1,\n    {\n      \"c\": []\n    }\n  ],\n  \"a\": {}\n}"; got != want {
+		t.Errorf("indent=2:\n%s\nwant\n%s", got, want)
+	}
+}
+
+func TestDetectContentFormat(t *testing.T) {
+	for src, want := range map[string]ContentFormat{
+		`{% for message in messages %}{{ message['content'] }}{% endfor %}`:                                                 ContentFormatString,
+		`{% for message in messages %}{% for c in message['content'] %}{{ c.text }}{% endfor %}{% endfor %}`:                ContentFormatOpenAI,
+		`{%- set loop_messages = messages %}{%- for m in loop_messages %}{%- for c in m.content %}{% endfor %}{% endfor %}`: ContentFormatOpenAI,
+		`{% for x in other %}{% for c in x['content'] %}{% endfor %}{% endfor %}`:                                           ContentFormatString,
+	} {
+		if got := detectContentFormat(src); got != want {
+			t.Errorf("detectContentFormat(%s) = %s, want %s", src, got, want)
+		}
+	}
+}
+
+func TestCompletionPrompts(t *testing.T) {
+	tok := models(t)["llama3_1"]
+	hello := tok.Encode("hello", true)
+	if hello[0] != 128000 {
+		t.Fatalf("Llama 3.1's tokenizer adds no BOS: %v", hello)
+	}
+	for body, want := range map[string][][]int32{
+		`{"prompt": "hello"}`:                                {hello},
+		`{"prompt": "hello", "add_special_tokens": false}`:   {hello[1:]},
+		`{"prompt": ["hello", "hello"]}`:                     {hello, hello},
+		`{"prompt": [1, 2, 3]}`:                              {{1, 2, 3}},
+		`{"prompt": [[1, 2], [3]]}`:                          {{1, 2}, {3}},
+		`{"prompt": "hello", "truncate_prompt_tokens": 1}`:   {hello[len(hello)-1:]},
+		`{"prompt": [5, 6, 7], "truncate_prompt_tokens": 2}`: {{6, 7}},
+	} {
+		p, err := tok.RequestPrompts([]byte(body), nil)
+		if err != nil {
+			t.Errorf("%s: %v", body, err)
+			continue
+		}
+		got := make([][]int32, len(p))
+		for i := range p {
+			got[i] = p[i].Tokens
+		}
+		if !slices.EqualFunc(got, want, slices.Equal) {
+			t.Errorf("%s: %v, want %v", body, got, want)
+		}
+	}
+	p, err := tok.RequestPrompts([]byte(`{"model": "adapter-1", "prompt": "hi", "cache_salt": "s"}`),
+		&RequestOptions{LoRA: func(m string) string { return strings.TrimPrefix(m, "adapter-") }})
+	if err != nil || p[0].Extra.CacheSalt != "s" || p[0].Extra.LoRAName != "1" {
+		t.Errorf("extra keys: %+v, %v", p, err)
+	}
+}
+
+func TestRequestRefused(t *testing.T) {
+	tok := models(t)["qwen3"]
+	for _, body := range []string{
+		`[]`,
+		`{}`,
+		`{"prompt": []}`,
+		`{"prompt": [1, "a"]}`,
+		`{"prompt": [-1]}`,
+		`{"prompt": "x", "prompt_embeds": "AAAA"}`,
+		`{"prompt": "x", "truncate_prompt_tokens": -1}`,
+		`{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}`,
+		`{"messages": [{"role": "user", "content": "hi"}], "continue_final_message": true}`,
+		`{"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ messages }}"}`,
+		`{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"tokenize": true}}`,
+		`{"messages": [{"content": "hi"}]}`,
+	} {
+		if _, err := tok.RequestPrompts([]byte(body), nil); !errors.Is(err, ErrRequest) {
+			t.Errorf("%s: err = %v, want ErrRequest", body, err)
+		}
+	}
+	// A template that raises fails with ErrTemplate.
+	_, err := tok.RequestPrompts([]byte(`{"messages": [{"role": "user", "content": "hi"}]}`),
+		&RequestOptions{ChatTemplate: `{{ raise_exception("no") }}`})
+	if !errors.Is(err, ErrTemplate) || !strings.Contains(err.Error(), "no") {
+		t.Errorf("raise_exception: %v", err)
+	}
+	// A trusted request template is used.
+	p, err := tok.RequestPrompts([]byte(`{"messages": [{"role": "user", "content": "hi"}], "chat_template": "{% for m in messages %}{{ m.role }}:{{ m.content }}{% endfor %}"}`),
+		&RequestOptions{TrustRequestChatTemplate: true})
+	if err != nil || p[0].Text != "user:hi" {
+		t.Errorf("request template: %+v, %v", p, err)
+	}
+}
+
+func TestStrftimeNow(t *testing.T) {
+	tok := models(t)["qwen3"]
+	p, err := tok.RequestPrompts([]byte(`{"messages": []}`), &RequestOptions{
+		ChatTemplate: `{{ strftime_now("%d %b %Y %H:%M") }}`,
+		Now:          func() time.Time { return time.Date(2026, 12, 6, 4, 5, 0, 0, time.UTC) },
+	})
+	if err != nil || p[0].Text != "06 Dec 2026 04:05" {
+		t.Errorf("strftime_now: %+v, %v", p, err)
+	}
+}
