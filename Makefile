@@ -18,7 +18,7 @@ build:
 # under the race detector.
 # cmd/umbp-standalone-server is a module of its own too (its metrics need the
 # Prometheus client library, which the library's module does not require).
-CONTRIB := cmd/umbp-standalone-server contrib/prometheus contrib/otel
+CONTRIB := cmd/umbp-standalone-server contrib/prometheus contrib/otel contrib/hftokenizer
 TESTFLAGS := -race -count=1 -timeout 10m
 # The scheduler's tests run a second time with its lookups through grpc-go's
 # call path (Config.GRPCLookups) instead of the lock-step call: every

@@ -9,6 +9,7 @@ require (
 	github.com/lestrrat-go/strftime v1.2.0
 	github.com/nikolalohinski/gonja/v2 v2.9.1
 	github.com/umbp-go/umbp-go v0.0.0-00010101000000-000000000000
+	go.uber.org/goleak v1.3.0
 	golang.org/x/text v0.44.0
 )
 

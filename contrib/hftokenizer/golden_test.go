@@ -83,7 +83,15 @@ func TestEncodeGolden(t *testing.T) {
 		t.Fatalf("the corpus has %d strings", len(cases))
 	}
 	for _, name := range goldenModels {
-		tok := toks[name]
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			encodeGolden(t, toks[name], name, cases)
+		})
+	}
+}
+
+func encodeGolden(t *testing.T, tok *Tokenizer, name string, cases []encodeCase) {
+	{
 		bad := 0
 		for _, c := range cases {
 			want := c.IDs[name]

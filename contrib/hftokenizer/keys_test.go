@@ -61,9 +61,13 @@ func TestRequestKeysMatchOracle(t *testing.T) {
 		}
 	}
 	toks := models(t)
+	long := 0
 	for _, c := range readJSONL[encodeCase](t, "testdata/encode.jsonl.gz") {
 		if len(c.Text) < 200 || len(c.Text) > 5000 {
 			continue
+		}
+		if long++; long%4 != 0 {
+			continue // a quarter of them is enough here: TestEncodeGolden has them all
 		}
 		for _, name := range goldenModels {
 			b, _ := json.Marshal(map[string]any{"model": "m", "prompt": []string{c.Text, c.Text + c.Text}})

@@ -28,7 +28,7 @@ type tokenizerFile struct {
 	PreTokenizer  json.RawMessage  `json:"pre_tokenizer"`
 	PostProcessor json.RawMessage  `json:"post_processor"`
 	Decoder       json.RawMessage  `json:"decoder"`
-	Model         json.RawMessage  `json:"model"`
+	Model         modelJSON        `json:"model"`
 }
 
 type addedTokenJSON struct {
@@ -42,16 +42,17 @@ type addedTokenJSON struct {
 }
 
 type modelJSON struct {
-	Type                    string           `json:"type"`
-	Dropout                 *float64         `json:"dropout"`
-	UnkToken                *string          `json:"unk_token"`
-	ContinuingSubwordPrefix *string          `json:"continuing_subword_prefix"`
-	EndOfWordSuffix         *string          `json:"end_of_word_suffix"`
-	FuseUnk                 bool             `json:"fuse_unk"`
-	ByteFallback            bool             `json:"byte_fallback"`
-	IgnoreMerges            bool             `json:"ignore_merges"`
-	Vocab                   map[string]int32 `json:"vocab"`
-	Merges                  []json.RawMessage
+	Type                    string          `json:"type"`
+	Dropout                 *float64        `json:"dropout"`
+	UnkToken                *string         `json:"unk_token"`
+	ContinuingSubwordPrefix *string         `json:"continuing_subword_prefix"`
+	EndOfWordSuffix         *string         `json:"end_of_word_suffix"`
+	FuseUnk                 bool            `json:"fuse_unk"`
+	ByteFallback            bool            `json:"byte_fallback"`
+	IgnoreMerges            bool            `json:"ignore_merges"`
+	Vocab                   json.RawMessage `json:"vocab"` // decoded once the type is known
+	vocab                   map[string]int32
+	Merges                  json.RawMessage `json:"merges"`
 }
 
 // component is a normalizer, pre-tokenizer, post-processor or decoder.
@@ -168,22 +169,15 @@ func isNull(m json.RawMessage) bool {
 }
 
 func build(f *tokenizerFile) (*Tokenizer, error) {
-	var kind struct {
-		Type   string          `json:"type"`
-		Merges json.RawMessage `json:"merges"`
+	m := &f.Model
+	if m.Type == "" && m.Merges != nil {
+		m.Type = "BPE" // older files write no type for BPE
 	}
-	if err := json.Unmarshal(f.Model, &kind); err != nil {
-		return nil, fmt.Errorf("hftokenizer: tokenizer.json: model: %w", err)
+	if m.Type != "BPE" {
+		return nil, unsupported("model type %q (only byte-level BPE is encoded)", m.Type)
 	}
-	if kind.Type == "" && kind.Merges != nil {
-		kind.Type = "BPE" // older files write no type for BPE
-	}
-	if kind.Type != "BPE" {
-		return nil, unsupported("model type %q (only byte-level BPE is encoded)", kind.Type)
-	}
-	m := new(modelJSON)
-	if err := json.Unmarshal(f.Model, m); err != nil {
-		return nil, fmt.Errorf("hftokenizer: tokenizer.json: model: %w", err)
+	if err := json.Unmarshal(m.Vocab, &m.vocab); err != nil {
+		return nil, fmt.Errorf("hftokenizer: tokenizer.json: model: vocab: %w", err)
 	}
 	switch {
 	case m.Dropout != nil && *m.Dropout > 0:
@@ -195,7 +189,7 @@ func build(f *tokenizerFile) (*Tokenizer, error) {
 	case m.ByteFallback:
 		return nil, unsupported("BPE with byte_fallback (a SentencePiece-style BPE)")
 	}
-	t := &Tokenizer{ignoreMerges: m.IgnoreMerges, vocabSize: len(m.Vocab)}
+	t := &Tokenizer{ignoreMerges: m.IgnoreMerges, vocabSize: len(m.vocab)}
 	if err := t.buildPreTokenizer(f.PreTokenizer); err != nil {
 		return nil, err
 	}
@@ -224,11 +218,11 @@ func (t *Tokenizer) buildModel(m *modelJSON) error {
 	// character outside the byte-level alphabet can never come out of a
 	// byte-level word and is kept for decoding only.
 	maxID := int32(-1)
-	for _, id := range m.Vocab {
+	for _, id := range m.vocab {
 		maxID = max(maxID, id)
 	}
 	byID := make([]string, maxID+1)
-	for tok, id := range m.Vocab {
+	for tok, id := range m.vocab {
 		if id < 0 {
 			return fmt.Errorf("hftokenizer: token %q has id %d", tok, id)
 		}
@@ -236,30 +230,33 @@ func (t *Tokenizer) buildModel(m *modelJSON) error {
 	}
 	t.vocab = newTokenTable(byID)
 	for b := range 256 {
-		id, ok := m.Vocab[string(byteToRune[b])]
+		id, ok := m.vocab[string(byteToRune[b])]
 		if !ok {
 			return unsupported("BPE vocabulary without the byte-level token for byte %#02x (not a byte-level BPE)", b)
 		}
 		t.byteID[b] = id
 	}
-	t.merges = make(map[uint64]mergeInfo, len(m.Merges))
-	for rank, raw := range m.Merges {
-		var a, b string
-		var s string
-		var pair []string
-		if err := json.Unmarshal(raw, &s); err == nil {
-			var ok bool
-			if a, b, ok = strings.Cut(s, " "); !ok {
-				return fmt.Errorf("hftokenizer: merge %d (%q) is not a pair", rank, s)
+	// Merges are "a b" strings, or [a, b] pairs in newer files.
+	var pairs [][2]string
+	var joined []string
+	if err := json.Unmarshal(m.Merges, &joined); err == nil {
+		pairs = make([][2]string, len(joined))
+		for i, s := range joined {
+			a, b, ok := strings.Cut(s, " ")
+			if !ok {
+				return fmt.Errorf("hftokenizer: merge %d (%q) is not a pair", i, s)
 			}
-		} else if err := json.Unmarshal(raw, &pair); err == nil && len(pair) == 2 {
-			a, b = pair[0], pair[1]
-		} else {
-			return fmt.Errorf("hftokenizer: merge %d is neither \"a b\" nor [a, b]", rank)
+			pairs[i] = [2]string{a, b}
 		}
-		ia, oka := m.Vocab[a]
-		ib, okb := m.Vocab[b]
-		in, okn := m.Vocab[a+b]
+	} else if err := json.Unmarshal(m.Merges, &pairs); err != nil {
+		return fmt.Errorf("hftokenizer: merges are neither \"a b\" strings nor [a, b] pairs")
+	}
+	t.merges = make(map[uint64]mergeInfo, len(pairs))
+	for rank, p := range pairs {
+		a, b := p[0], p[1]
+		ia, oka := m.vocab[a]
+		ib, okb := m.vocab[b]
+		in, okn := m.vocab[a+b]
 		if !oka || !okb || !okn {
 			return fmt.Errorf("hftokenizer: merge %d (%q %q) has a token out of the vocabulary", rank, a, b)
 		}

@@ -540,13 +540,13 @@ func continueFinalMessage(rendered string, conv []any) (string, error) {
 			}
 		}
 		if !found {
-			return "", fmt.Errorf("%w: continue_final_message is set but we could not find any text to continue in the final message!", ErrTemplate)
+			return "", fmt.Errorf("%w: continue_final_message is set but we could not find any text to continue in the final message", ErrTemplate)
 		}
 	}
 	trimmed := strings.TrimFunc(final, pyIsSpace)
 	loc := strings.LastIndex(rendered, trimmed)
 	if !strings.Contains(rendered, trimmed) {
-		return "", fmt.Errorf("%w: continue_final_message is set but the final message does not appear in the chat after applying the chat template!", ErrTemplate)
+		return "", fmt.Errorf("%w: continue_final_message is set but the final message does not appear in the chat after applying the chat template", ErrTemplate)
 	}
 	lstripped := strings.TrimLeftFunc(final, pyIsSpace)
 	if loc+len(lstripped) <= len(rendered) && rendered[loc:loc+len(lstripped)] == final {
