@@ -106,13 +106,71 @@ func environment() *exec.Environment {
 	ctx.Set("raise_exception", func(msg string) (string, error) {
 		return "", fmt.Errorf("raise_exception: %s", msg)
 	})
+	if err := filters.Replace("items", itemsFilter); err != nil {
+		panic(err)
+	}
+	methods := builtins.Methods
+	methods.Dict = dictMethods()
 	return &exec.Environment{
 		Context:           ctx,
 		Filters:           filters,
 		Tests:             builtins.Tests,
 		ControlStructures: builtins.ControlStructures,
-		Methods:           builtins.Methods,
+		Methods:           methods,
 	}
+}
+
+// dictMethods are gonja's dict methods, with keys(), values() and items()
+// in the request's key order (keysOf) as Python gives them.
+func dictMethods() *exec.MethodSet[map[string]any] {
+	set := map[string]exec.Method[map[string]any]{}
+	for _, name := range []string{"get", "pop", "setdefault", "update", "copy", "clear"} {
+		if m, ok := builtins.Methods.Dict.Get(name); ok {
+			set[name] = m
+		}
+	}
+	ordered := func(f func(m map[string]any, k string) any) exec.Method[map[string]any] {
+		return func(self map[string]any, selfValue *exec.Value, args *exec.VarArgs) (any, error) {
+			if err := args.Take(); err != nil {
+				return nil, exec.ErrInvalidCall(err)
+			}
+			// gonja passes a copy of the map; its value has the map itself.
+			if m, ok := selfValue.Interface().(map[string]any); ok {
+				self = m
+			}
+			out := make([]any, 0, len(self))
+			for _, k := range keysOf(self) {
+				out = append(out, f(self, k))
+			}
+			return out, nil
+		}
+	}
+	set["keys"] = ordered(func(_ map[string]any, k string) any { return k })
+	set["values"] = ordered(func(m map[string]any, k string) any { return m[k] })
+	set["items"] = ordered(func(m map[string]any, k string) any { return []any{k, m[k]} })
+	return exec.NewMethodSet(set)
+}
+
+// itemsFilter is Jinja's items filter, in the request's key order.
+func itemsFilter(_ *exec.Evaluator, in *exec.Value, params *exec.VarArgs) *exec.Value {
+	if in.IsError() {
+		return in
+	}
+	if err := params.Take(); err != nil {
+		return exec.AsValue(exec.ErrInvalidCall(err))
+	}
+	m, ok := in.Interface().(map[string]any)
+	if !ok {
+		if in.IsNil() {
+			return exec.AsValue([]any{})
+		}
+		return exec.AsValue(errors.New("items requires a mapping"))
+	}
+	out := make([]any, 0, len(m))
+	for _, k := range keysOf(m) {
+		out = append(out, []any{k, m[k]})
+	}
+	return exec.AsValue(out)
 }
 
 var templateConfig = func() *config.Config {
@@ -124,16 +182,13 @@ var templateConfig = func() *config.Config {
 }()
 
 func compileTemplate(src string) (*exec.Template, error) {
+	src = keepInlineWhitespace(src)
 	loader, err := loaders.NewShiftedLoader("chat_template", strings.NewReader(src), loaders.MustNewMemoryLoader(nil))
 	if err != nil {
 		return nil, err
 	}
 	return exec.NewTemplate("chat_template", templateConfig, loader, environment())
 }
-
-// orderVar is the render's variable that holds the key order of the
-// request's objects, for tojson.
-const orderVar = "__hftokenizer_key_order"
 
 func toJSONFilter(e *exec.Evaluator, in *exec.Value, params *exec.VarArgs) *exec.Value {
 	if in.IsError() {
@@ -171,11 +226,7 @@ func toJSONFilter(e *exec.Evaluator, in *exec.Value, params *exec.VarArgs) *exec
 	default:
 		return exec.AsValue(fmt.Errorf("tojson: indent %s", indent.String()))
 	}
-	var order keyOrder
-	if v, ok := e.Environment.Context.Get(orderVar); ok {
-		order, _ = v.(keyOrder)
-	}
-	s, err := pyDumps(in.Interface(), order, ind, ensureASCII)
+	s, err := pyDumps(in.Interface(), ind, ensureASCII)
 	if err != nil {
 		return exec.AsValue(err)
 	}
@@ -258,7 +309,6 @@ type renderVars struct {
 	tools               []any // nil: None
 	addGenerationPrompt bool
 	kwargs              map[string]any
-	order               keyOrder
 	now                 func() time.Time
 }
 
@@ -284,7 +334,6 @@ func (t *Tokenizer) render(tmpl *exec.Template, v renderVars) (string, error) {
 	}
 	ctx.Set("documents", nil)
 	ctx.Set("add_generation_prompt", v.addGenerationPrompt)
-	ctx.Set(orderVar, v.order)
 	now := v.now
 	if now == nil {
 		now = time.Now
@@ -297,4 +346,99 @@ func (t *Tokenizer) render(tmpl *exec.Template, v renderVars) (string, error) {
 		return "", fmt.Errorf("%w: %v", ErrTemplate, err)
 	}
 	return out, nil
+}
+
+// keepInlineWhitespace rewrites the spaces and tabs between a tag and the
+// block or comment tag after it on the same line ("{{ x }} {% endif %}")
+// as an expression that prints them. Jinja's lstrip_blocks strips
+// whitespace before a block only from the start of a line (jinja2/lexer.py:
+// the text after its last newline, or all of it when the previous token
+// ended a line); gonja strips it wherever it is the whole text before the
+// block. Whitespace before "{%-" is left for the "-" to strip, before "{%+"
+// for the "+" to keep.
+func keepInlineWhitespace(src string) string {
+	var b strings.Builder
+	i := 0
+	afterTag := false // the text at i follows a tag that did not end a line
+	for i < len(src) {
+		open := strings.Index(src[i:], "{")
+		for open >= 0 && i+open+1 < len(src) && !strings.ContainsRune("{%#", rune(src[i+open+1])) {
+			next := strings.Index(src[i+open+1:], "{")
+			if next < 0 {
+				open = -1
+				break
+			}
+			open += next + 1
+		}
+		if open < 0 || i+open+1 >= len(src) {
+			b.WriteString(src[i:])
+			break
+		}
+		text := src[i : i+open]
+		kind := src[i+open+1]
+		inline := afterTag && text != "" && strings.Trim(text, " \t") == "" && kind != '{' &&
+			(i+open+2 >= len(src) || src[i+open+2] != '-' && src[i+open+2] != '+')
+		if inline {
+			b.WriteString(`{{ "` + text + `" }}`)
+		} else {
+			b.WriteString(text)
+		}
+		i += open
+		end := tagEnd(src, i, kind)
+		if end < 0 {
+			b.WriteString(src[i:])
+			break
+		}
+		tag := src[i:end]
+		b.WriteString(tag)
+		i = end
+		// A block or comment tag followed by a newline ends the line
+		// (trim_blocks removes it); so does a tag that ends with "-".
+		afterTag = !(kind != '{' && i < len(src) && src[i] == '\n') && !strings.HasSuffix(strings.TrimRight(tag[:len(tag)-2], " \t\n"), "-")
+		if kind == '%' && isRawTag(tag) {
+			// Everything up to endraw is text.
+			if j := strings.Index(src[i:], "endraw"); j >= 0 {
+				if k := strings.Index(src[i+j:], "%}"); k >= 0 {
+					b.WriteString(src[i : i+j+k+2])
+					i += j + k + 2
+				}
+			}
+		}
+	}
+	return b.String()
+}
+
+// tagEnd returns the end of the tag opened at src[i] ("{{", "{%" or
+// "{#"), past strings within it; -1 when it does not end.
+func tagEnd(src string, i int, kind byte) int {
+	closing := map[byte]string{'{': "}}", '%': "%}", '#': "#}"}[kind]
+	if kind == '#' {
+		j := strings.Index(src[i+2:], closing)
+		if j < 0 {
+			return -1
+		}
+		return i + 2 + j + 2
+	}
+	var quote byte
+	for j := i + 2; j < len(src); j++ {
+		c := src[j]
+		switch {
+		case quote != 0:
+			if c == '\\' {
+				j++
+			} else if c == quote {
+				quote = 0
+			}
+		case c == '\'' || c == '"':
+			quote = c
+		case strings.HasPrefix(src[j:], closing):
+			return j + 2
+		}
+	}
+	return -1
+}
+
+func isRawTag(tag string) bool {
+	s := strings.Trim(tag[2:len(tag)-2], "-+ \t\n")
+	return s == "raw"
 }

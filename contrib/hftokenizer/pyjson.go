@@ -9,24 +9,50 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"unsafe"
+	"sync"
 
 	"github.com/nikolalohinski/gonja/v2/exec"
 )
 
-// keyOrder records the order of each object's keys as a request gave them:
-// Python's dicts keep it, and a chat template's tojson writes it. Maps are
-// known by their address; a map the template made itself has none and is
-// written in sorted order.
-type keyOrder map[unsafe.Pointer][]string
+// orders holds the key order of the objects of the requests being turned
+// into prompts, as the requests gave them: Python's dicts keep it, and a
+// chat template's tojson, items() and keys() give it. An object is known
+// by its map's address while its request is processed; a map the template
+// made itself has none and comes out in sorted order.
+var orders sync.Map // unsafe.Pointer -> []string
 
-func (o keyOrder) set(m map[string]any, keys []string) {
-	o[reflect.ValueOf(m).UnsafePointer()] = keys
+// keyOrder is one request's entries in orders; it keeps its maps alive
+// (and so their addresses theirs) until release.
+type keyOrder struct {
+	maps []map[string]any
 }
 
-func (o keyOrder) keys(m map[string]any) []string {
-	if k, ok := o[reflect.ValueOf(m).UnsafePointer()]; ok && len(k) == len(m) {
-		return k
+func (o *keyOrder) set(m map[string]any, keys []string) {
+	o.maps = append(o.maps, m)
+	orders.Store(reflect.ValueOf(m).UnsafePointer(), keys)
+}
+
+func (o *keyOrder) release() {
+	for _, m := range o.maps {
+		orders.Delete(reflect.ValueOf(m).UnsafePointer())
+	}
+	o.maps = nil
+}
+
+// keysOf returns m's keys in the order its request gave them, sorted when
+// it has none (or the template changed its keys).
+func keysOf(m map[string]any) []string {
+	if v, ok := orders.Load(reflect.ValueOf(m).UnsafePointer()); ok {
+		keys := v.([]string)
+		same := len(keys) == len(m)
+		for _, k := range keys {
+			if _, ok := m[k]; !ok {
+				same = false
+			}
+		}
+		if same {
+			return keys
+		}
 	}
 	k := make([]string, 0, len(m))
 	for key := range m {
@@ -40,7 +66,7 @@ func (o keyOrder) keys(m map[string]any) []string {
 // maps (their key order recorded in o; a repeated key keeps its first place
 // and its last value), integers as int (float64 when too large for one),
 // other numbers as float64.
-func decodeJSON(data []byte, o keyOrder) (any, error) {
+func decodeJSON(data []byte, o *keyOrder) (any, error) {
 	d := json.NewDecoder(bytes.NewReader(data))
 	d.UseNumber()
 	v, err := decodeValue(d, o)
@@ -53,7 +79,7 @@ func decodeJSON(data []byte, o keyOrder) (any, error) {
 	return v, nil
 }
 
-func decodeValue(d *json.Decoder, o keyOrder) (any, error) {
+func decodeValue(d *json.Decoder, o *keyOrder) (any, error) {
 	tok, err := d.Token()
 	if err != nil {
 		return nil, err
@@ -82,7 +108,7 @@ func decodeValue(d *json.Decoder, o keyOrder) (any, error) {
 			if _, err := d.Token(); err != nil {
 				return nil, err
 			}
-			o[reflect.ValueOf(m).UnsafePointer()] = keys
+			o.set(m, keys)
 			return m, nil
 		case '[':
 			l := []any{}
@@ -120,8 +146,8 @@ func decodeValue(d *json.Decoder, o keyOrder) (any, error) {
 // indent=indent, separators=None, sort_keys=False) does: ", " and ": "
 // between items without an indent, "," and ": " with one; strings escaped
 // as Python escapes them, without HTML escaping; floats as Python's repr.
-func pyDumps(v any, o keyOrder, indent *string, ensureASCII bool) (string, error) {
-	w := pyWriter{o: o, indent: indent, ascii: ensureASCII}
+func pyDumps(v any, indent *string, ensureASCII bool) (string, error) {
+	w := pyWriter{indent: indent, ascii: ensureASCII}
 	if err := w.value(v, 0); err != nil {
 		return "", err
 	}
@@ -130,7 +156,6 @@ func pyDumps(v any, o keyOrder, indent *string, ensureASCII bool) (string, error
 
 type pyWriter struct {
 	b      strings.Builder
-	o      keyOrder
 	indent *string
 	ascii  bool
 }
@@ -195,7 +220,7 @@ func (w *pyWriter) value(v any, depth int) error {
 		}
 		w.b.WriteByte(']')
 	case map[string]any:
-		keys := w.o.keys(x)
+		keys := keysOf(x)
 		if len(keys) == 0 {
 			w.b.WriteString("{}")
 			return nil

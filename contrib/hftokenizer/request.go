@@ -81,7 +81,8 @@ func (t *Tokenizer) RequestPrompts(body []byte, opts *RequestOptions) ([]Prompt,
 	if opts == nil {
 		opts = &RequestOptions{}
 	}
-	order := keyOrder{}
+	order := &keyOrder{}
+	defer order.release()
 	v, err := decodeJSON(body, order)
 	if err != nil {
 		return nil, badRequest("body: %v", err)
@@ -207,7 +208,7 @@ func (t *Tokenizer) completionPrompts(req map[string]any) ([]Prompt, error) {
 }
 
 // chatPrompt follows vLLM's /v1/chat/completions.
-func (t *Tokenizer) chatPrompt(req map[string]any, order keyOrder, opts *RequestOptions) (Prompt, error) {
+func (t *Tokenizer) chatPrompt(req map[string]any, order *keyOrder, opts *RequestOptions) (Prompt, error) {
 	genPrompt, err := boolField(req, "add_generation_prompt", true)
 	if err != nil {
 		return Prompt{}, err
@@ -293,7 +294,6 @@ func (t *Tokenizer) chatPrompt(req map[string]any, order keyOrder, opts *Request
 		tools:               tools,
 		addGenerationPrompt: genPrompt,
 		kwargs:              kwargs,
-		order:               order,
 		now:                 opts.Now,
 	})
 	if err != nil {
@@ -311,7 +311,7 @@ func (t *Tokenizer) chatPrompt(req map[string]any, order keyOrder, opts *Request
 // vllm/entrypoints/openai/protocol.py): type, then function with name,
 // description and parameters (None when absent), then the fields the
 // request added, as given.
-func toolDump(v any, order keyOrder) (any, error) {
+func toolDump(v any, order *keyOrder) (any, error) {
 	tool, ok := v.(map[string]any)
 	if !ok {
 		return nil, badRequest("a tool is not an object")
@@ -325,7 +325,7 @@ func toolDump(v any, order keyOrder) (any, error) {
 	}
 	outFn := map[string]any{"name": fn["name"], "description": fn["description"], "parameters": fn["parameters"]}
 	fnKeys := []string{"name", "description", "parameters"}
-	for _, k := range order.keys(fn) {
+	for _, k := range keysOf(fn) {
 		if _, done := outFn[k]; !done {
 			outFn[k] = fn[k]
 			fnKeys = append(fnKeys, k)
@@ -337,7 +337,7 @@ func toolDump(v any, order keyOrder) (any, error) {
 	}
 	out := map[string]any{"type": typ, "function": outFn}
 	keys := []string{"type", "function"}
-	for _, k := range order.keys(tool) {
+	for _, k := range keysOf(tool) {
 		if _, done := out[k]; !done {
 			out[k] = tool[k]
 			keys = append(keys, k)
@@ -353,7 +353,7 @@ func toolDump(v any, order keyOrder) (any, error) {
 // "\n" ("string") or kept as text parts ("openai"); an assistant's
 // tool_calls and reasoning, a tool's tool_call_id and text content, and a
 // name.
-func conversationMessage(v any, format ContentFormat, order keyOrder) (any, error) {
+func conversationMessage(v any, format ContentFormat, order *keyOrder) (any, error) {
 	m, ok := v.(map[string]any)
 	if !ok {
 		return nil, badRequest("a message is not an object")
@@ -483,7 +483,7 @@ func textPart(p any) (string, bool, error) {
 // empty tool_calls are dropped, and each call's arguments given as a JSON
 // string become the object they encode ({} when they are not JSON, or
 // neither an object nor a list).
-func postprocessMessages(conv []any, order keyOrder) {
+func postprocessMessages(conv []any, order *keyOrder) {
 	for _, v := range conv {
 		m := v.(map[string]any)
 		calls, ok := m["tool_calls"].([]any)

@@ -13,13 +13,14 @@ import (
 // ", " and ": " without an indent, "," with one, floats as repr, no HTML
 // escaping, ensure_ascii=False as transformers passes it).
 func TestPyDumps(t *testing.T) {
-	order := keyOrder{}
+	order := &keyOrder{}
+	defer order.release()
 	v, err := decodeJSON([]byte(`{"z": 1, "a": [1.0, 2.50, 1e16, 1.5e-5, 0.0001, -0.0, 123456789012, 1E2],
 		"s": "<&>'\"\\\n\t\u0001\u007f\u2028é😀", "n": null, "t": true, "e": {}, "l": []}`), order)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := pyDumps(v, order, nil, false)
+	got, err := pyDumps(v, nil, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,13 +28,13 @@ func TestPyDumps(t *testing.T) {
 	if got != want {
 		t.Errorf("json.dumps:\n%s\nwant\n%s", got, want)
 	}
-	got, _ = pyDumps(v, order, nil, true)
+	got, _ = pyDumps(v, nil, true)
 	if !strings.Contains(got, `"<&>'\"\\\n\t\u0001\u007f\u2028\u00e9\ud83d\ude00"`) {
 		t.Errorf("ensure_ascii: %s", got)
 	}
 	ind := "  "
 	v, _ = decodeJSON([]byte(`{"b": [1, {"c": []}], "a": {}}`), order)
-	got, _ = pyDumps(v, order, &ind, false)
+	got, _ = pyDumps(v, &ind, false)
 	if want := "{\n  \"b\": [\n    1,\n    {\n      \"c\": []\n    }\n  ],\n  \"a\": {}\n}"; got != want {
 		t.Errorf("indent=2:\n%s\nwant\n%s", got, want)
 	}
@@ -129,5 +130,50 @@ func TestStrftimeNow(t *testing.T) {
 	})
 	if err != nil || p[0].Text != "06 Dec 2026 04:05" {
 		t.Errorf("strftime_now: %+v, %v", p, err)
+	}
+}
+
+// TestItemsOrder checks that a template iterating over a request's object
+// sees its keys in the request's order, as Python's dicts keep it.
+func TestItemsOrder(t *testing.T) {
+	tok := models(t)["qwen3"]
+	body := `{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f",
+		"parameters": {"type": "object", "properties": {"zeta": {"type": "string"}, "alpha": {"type": "integer"}, "mid": {}}}}}]}`
+	tmpl := `{% for t in tools %}{% for k, v in t.function.parameters.properties.items() %}{{ k }} {% endfor %}|` +
+		`{% for k, v in t.function.parameters.properties|items %}{{ k }} {% endfor %}|` +
+		`{{ t.function.parameters.properties.keys()|join(",") }}|{{ t.function|tojson }}{% endfor %}`
+	p, err := tok.RequestPrompts([]byte(body), &RequestOptions{ChatTemplate: tmpl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `zeta alpha mid |zeta alpha mid |zeta,alpha,mid|{"name": "f", "description": null, "parameters": {"type": "object", "properties": {"zeta": {"type": "string"}, "alpha": {"type": "integer"}, "mid": {}}}}`
+	if p[0].Text != want {
+		t.Errorf("render\n%s\nwant\n%s", p[0].Text, want)
+	}
+}
+
+// TestLstripBlocks checks lstrip_blocks as Jinja applies it: whitespace
+// before a block is stripped from the start of a line only.
+func TestLstripBlocks(t *testing.T) {
+	tok := models(t)["qwen3"]
+	for tmpl, want := range map[string]string{
+		`{% for k in [1, 2] %}{{ k }} {% endfor %}`:             "1 2 ",
+		`{% if true %} {% endif %}x`:                            " x",
+		"a\n  {% if true %}b{% endif %}\n":                      "a\nb",
+		"{% if true %}\n  {% if true %}c{% endif %}{% endif %}": "c",
+		`{{ "x" }}  {%- if true %}y{% endif %}`:                 "xy",
+		`{{ "x" }} {%+ if true %}y{% endif %}`:                  "x y",
+		`{{ "x" }} {# note #}y`:                                 "x y",
+		`{{ "a}}b" }} {% if true %}c{% endif %}`:                "a}}b c",
+		`{% raw %}{{ x }} {% endraw %}`:                         "{{ x }} ",
+	} {
+		p, err := tok.RequestPrompts([]byte(`{"messages": []}`), &RequestOptions{ChatTemplate: tmpl})
+		if err != nil {
+			t.Errorf("%q: %v", tmpl, err)
+			continue
+		}
+		if p[0].Text != want {
+			t.Errorf("%q renders %q, want %q", tmpl, p[0].Text, want)
+		}
 	}
 }
