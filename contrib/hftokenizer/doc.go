@@ -37,12 +37,13 @@
 //
 // # Supported tokenizers
 //
-// Byte-level BPE tokenizers, as Llama 3, Llama 3.1–3.3, Qwen2, Qwen2.5,
-// Qwen3, GPT-2-style and most recent models ship them: a BPE model (with or
-// without ignore_merges) behind a ByteLevel pre-tokenizer, optionally after
-// Split patterns (Isolated), an NFC normalizer or none, added and special
-// tokens without lstrip, rstrip or single_word, and a ByteLevel and/or
-// TemplateProcessing post-processor (Llama 3.1's BOS). Every other kind is
+// Byte-level BPE tokenizers: a BPE model (with or without ignore_merges)
+// behind a ByteLevel pre-tokenizer, optionally after Split patterns
+// (Isolated), an NFC normalizer or none, added and special tokens without
+// lstrip, rstrip or single_word, and a ByteLevel and/or TemplateProcessing
+// post-processor (Llama 3.1's BOS). Tested: Llama 3, Llama 3.1, Qwen3;
+// Llama 3.2 and 3.3, Qwen2 and Qwen2.5 ship tokenizers of the same kind.
+// Every other kind is
 // refused by [Load] with an error matching [ErrUnsupported] that names it —
 // SentencePiece-style tokenizers (Unigram, WordPiece, WordLevel, BPE with
 // byte_fallback: Llama 2, Mistral's, Gemma's), Metaspace, other
@@ -83,8 +84,19 @@
 // Llama 3.1's and Qwen3's templates and on vLLM's Llama 3.1 tool-calling
 // template (examples/tool_chat_template_llama3.1_json.jinja), and the
 // renders' ids against tokenizers': no difference (scripts/hftokenizer-golden
-// makes the data; testdata/README.md lists the files). Dictionaries a
-// template builds and iterates with items() or | dictsort come out in
-// gonja's order, sorted; a template that writes the request's objects other
-// than through tojson (as Python's repr of a dict) is not supported.
+// makes the data; testdata/README.md lists the files; where
+// @huggingface/jinja lacks a filter the script says how the case was made).
+// The request's objects keep their key order wherever Python's dicts do:
+// tojson, items(), keys(), values(), | items. Where gonja differs from
+// Jinja the package corrects it (lstrip_blocks strips whitespace before a
+// block only from the start of a line); still different: a for loop over a
+// dict itself (for k in d) goes in sorted order, and a dict printed as a
+// whole is not written as Python's repr.
+//
+// # For a command line
+//
+// [Tokenizer.RequestPrompts] takes a request body as a file or stdin would
+// give it and returns each prompt's ids (and the text they were encoded
+// from); [Tokenizer.Encode] encodes plain text; [Tokenizer.RequestKeys]
+// goes on to the keys.
 package hftokenizer
