@@ -51,47 +51,68 @@ type candidate struct {
 
 func candidateKey(rank, pos int32) uint64 { return uint64(uint32(rank))<<32 | uint64(uint32(pos)) }
 
-// mergeQueue is a binary min-heap of candidates by key.
+// mergeQueue is a 4-ary min-heap of candidates by key: half the levels
+// of a binary heap, for the long words a queue grows large for.
 type mergeQueue []candidate
 
-func (q *mergeQueue) push(c candidate) {
-	h := append(*q, c)
-	i := len(h) - 1
+func (q mergeQueue) up(i int) {
+	c := q[i]
 	for i > 0 {
-		p := (i - 1) / 2
-		if h[p].key <= c.key {
+		p := (i - 1) / 4
+		if q[p].key <= c.key {
 			break
 		}
-		h[i] = h[p]
+		q[i] = q[p]
 		i = p
 	}
-	h[i] = c
-	*q = h
+	q[i] = c
+}
+
+func (q mergeQueue) down(i int) {
+	n := len(q)
+	c := q[i]
+	for {
+		first := 4*i + 1
+		if first >= n {
+			break
+		}
+		m := first
+		for j := first + 1; j < first+4 && j < n; j++ {
+			if q[j].key < q[m].key {
+				m = j
+			}
+		}
+		if c.key <= q[m].key {
+			break
+		}
+		q[i] = q[m]
+		i = m
+	}
+	q[i] = c
+}
+
+// init orders q as a heap, in linear time.
+func (q mergeQueue) init() {
+	if len(q) < 2 {
+		return
+	}
+	for i := (len(q) - 2) / 4; i >= 0; i-- {
+		q.down(i)
+	}
+}
+
+func (q *mergeQueue) push(c candidate) {
+	*q = append(*q, c)
+	q.up(len(*q) - 1)
 }
 
 func (q *mergeQueue) pop() candidate {
 	h := *q
 	top := h[0]
-	last := h[len(h)-1]
+	h[0] = h[len(h)-1]
 	h = h[:len(h)-1]
-	n := len(h)
-	i := 0
-	for {
-		l := 2*i + 1
-		if l >= n {
-			break
-		}
-		if r := l + 1; r < n && h[r].key < h[l].key {
-			l = r
-		}
-		if last.key <= h[l].key {
-			break
-		}
-		h[i] = h[l]
-		i = l
-	}
-	if n > 0 {
-		h[i] = last
+	if len(h) > 0 {
+		h.down(0)
 	}
 	*q = h
 	return top
@@ -113,9 +134,10 @@ func (t *Tokenizer) bpe(ids []int32, w string, sc *scratch) []int32 {
 	defer func() { sc.queue = q[:0] }()
 	for i := 0; i+1 < len(w); i++ {
 		if m, ok := t.merges[pairKey(syms[i].id, syms[i+1].id)]; ok {
-			q.push(candidate{key: candidateKey(m.rank, int32(i)), id: m.id})
+			q = append(q, candidate{key: candidateKey(m.rank, int32(i)), id: m.id})
 		}
 	}
+	q.init()
 	for len(q) > 0 {
 		c := q.pop()
 		pos := int32(uint32(c.key))
