@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/lestrrat-go/strftime"
@@ -180,6 +181,35 @@ var templateConfig = func() *config.Config {
 	c.KeepTrailingNewline = false
 	return c
 }()
+
+// templates caches the templates given by options and trusted requests,
+// compiled, by their text: a few an engine's worth.
+var templates struct {
+	sync.Mutex
+	m map[string]*exec.Template
+}
+
+const templateCacheSize = 64
+
+func cachedTemplate(src string) (*exec.Template, error) {
+	templates.Lock()
+	tmpl, ok := templates.m[src]
+	templates.Unlock()
+	if ok {
+		return tmpl, nil
+	}
+	tmpl, err := compileTemplate(src)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrTemplate, err)
+	}
+	templates.Lock()
+	if templates.m == nil || len(templates.m) >= templateCacheSize {
+		templates.m = make(map[string]*exec.Template)
+	}
+	templates.m[src] = tmpl
+	templates.Unlock()
+	return tmpl, nil
+}
 
 func compileTemplate(src string) (*exec.Template, error) {
 	src = keepInlineWhitespace(src)

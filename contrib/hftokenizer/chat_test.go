@@ -3,9 +3,11 @@ package hftokenizer
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -82,5 +84,34 @@ func TestChatGolden(t *testing.T) {
 	}
 	for name, n := range bad {
 		t.Errorf("%s: %d of %d chat cases differ", name, n, len(cases))
+	}
+}
+
+// TestChatConcurrent renders the golden chats from several goroutines at
+// once: tokenizer, templates and caches are shared.
+func TestChatConcurrent(t *testing.T) {
+	cases := readJSONL[chatCase](t, "testdata/chat.jsonl.gz")
+	setups := chatSetups(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 4*len(cases))
+	for g := range 4 {
+		wg.Go(func() {
+			name := []string{"qwen3", "llama3_1-tools", "llama3", "qwen3"}[g]
+			s := setups[name]
+			for _, c := range cases {
+				p, err := s.tok.RequestPrompts(c.Request, s.opts)
+				if _, fails := c.Error[name]; fails {
+					continue
+				}
+				if err != nil || p[0].Text != c.Render[name] {
+					errs <- fmt.Errorf("%s/%s: %v", name, c.Name, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }

@@ -57,8 +57,8 @@
 // tokens, for Llama 3, Llama 3.1 and Qwen3: no difference. Split patterns
 // run on github.com/dlclark/regexp2, whose Unicode classes are Go's
 // (Unicode 15): a character Unicode assigned later may split differently
-// from the Rust library's. Invalid UTF-8 in Go text is encoded as U+FFFD,
-// as Python would have decoded it with errors="replace".
+// from the Rust library's. Bytes of Go text that are not UTF-8 are encoded
+// as U+FFFD, one each.
 //
 // Merging is O(n log n) in a pre-token's length (a priority queue over the
 // word as a linked list, as tokenizers' Word::merge_all does), and words

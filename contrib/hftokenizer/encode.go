@@ -52,8 +52,8 @@ func (t *Tokenizer) VocabSize() int { return t.vocabSize }
 // tokens written in the text are matched first (leftmost, longest), the
 // rest is normalized where the tokenizer declares a normalizer,
 // pre-tokenized and merged; addSpecialTokens adds what the post-processor's
-// template adds (a BOS for Llama 3.1's tokenizer). Invalid UTF-8 is
-// encoded as its U+FFFD replacement, as Python's str would have it.
+// template adds (a BOS for Llama 3.1's tokenizer). Each byte of text that
+// is not UTF-8 is encoded as U+FFFD (a Python str cannot hold such bytes).
 func (t *Tokenizer) Encode(text string, addSpecialTokens bool) []int32 {
 	if !utf8.ValidString(text) {
 		text = toValidUTF8(text)

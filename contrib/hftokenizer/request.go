@@ -272,8 +272,8 @@ func (t *Tokenizer) chatPrompt(req map[string]any, order *keyOrder, opts *Reques
 		src = opts.ChatTemplate
 	}
 	if src != "" {
-		if tmpl, err = compileTemplate(src); err != nil {
-			return Prompt{}, fmt.Errorf("%w: %v", ErrTemplate, err)
+		if tmpl, err = cachedTemplate(src); err != nil {
+			return Prompt{}, err
 		}
 	} else if src, tmpl, err = t.chatTemplate(tools != nil); err != nil {
 		return Prompt{}, err
