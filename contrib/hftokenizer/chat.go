@@ -224,39 +224,34 @@ func toJSONFilter(e *exec.Evaluator, in *exec.Value, params *exec.VarArgs) *exec
 	if in.IsError() {
 		return in
 	}
-	var indent *exec.Value
-	ensureASCII := false
+	var indent, separators *exec.Value
+	opts := dumpOptions{}
 	if err := params.Take(
+		exec.KeywordArgument("ensure_ascii", exec.AsValue(false), func(v *exec.Value) error { opts.ensureASCII = v.IsTrue(); return nil }),
 		exec.KeywordArgument("indent", exec.AsValue(nil), func(v *exec.Value) error { indent = v; return nil }),
-		exec.KeywordArgument("ensure_ascii", exec.AsValue(false), func(v *exec.Value) error { ensureASCII = v.IsTrue(); return nil }),
-		exec.KeywordArgument("separators", exec.AsValue(nil), func(v *exec.Value) error {
-			if !v.IsNil() {
-				return errors.New("separators other than the default are not supported")
-			}
-			return nil
-		}),
-		exec.KeywordArgument("sort_keys", exec.AsValue(false), func(v *exec.Value) error {
-			if v.IsTrue() {
-				return errors.New("sort_keys is not supported")
-			}
-			return nil
-		}),
+		exec.KeywordArgument("separators", exec.AsValue(nil), func(v *exec.Value) error { separators = v; return nil }),
+		exec.KeywordArgument("sort_keys", exec.AsValue(false), func(v *exec.Value) error { opts.sortKeys = v.IsTrue(); return nil }),
 	); err != nil {
 		return exec.AsValue(exec.ErrInvalidCall(err))
 	}
-	var ind *string
 	switch {
 	case indent.IsNil():
 	case indent.IsInteger():
 		s := strings.Repeat(" ", indent.Integer())
-		ind = &s
+		opts.indent = &s
 	case indent.IsString():
 		s := indent.String()
-		ind = &s
+		opts.indent = &s
 	default:
 		return exec.AsValue(fmt.Errorf("tojson: indent %s", indent.String()))
 	}
-	s, err := pyDumps(in.Interface(), ind, ensureASCII)
+	if !separators.IsNil() {
+		if !separators.IsList() || separators.Len() != 2 || !separators.Index(0).IsString() || !separators.Index(1).IsString() {
+			return exec.AsValue(fmt.Errorf("tojson: separators %s is not two strings", separators.String()))
+		}
+		opts.itemSep, opts.keySep = separators.Index(0).String(), separators.Index(1).String()
+	}
+	s, err := pyDumps(in.Interface(), opts)
 	if err != nil {
 		return exec.AsValue(err)
 	}

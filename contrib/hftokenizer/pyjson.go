@@ -142,12 +142,27 @@ func decodeValue(d *json.Decoder, o *keyOrder) (any, error) {
 	}
 }
 
-// pyDumps writes v as Python's json.dumps(v, ensure_ascii=ensureASCII,
-// indent=indent, separators=None, sort_keys=False) does: ", " and ": "
-// between items without an indent, "," and ": " with one; strings escaped
-// as Python escapes them, without HTML escaping; floats as Python's repr.
-func pyDumps(v any, indent *string, ensureASCII bool) (string, error) {
-	w := pyWriter{indent: indent, ascii: ensureASCII}
+// dumpOptions are json.dumps's keyword arguments: indent (nil: None),
+// separators (empty: None, that is ", " and ": " without an indent, ","
+// and ": " with one), sort_keys and ensure_ascii.
+type dumpOptions struct {
+	indent          *string
+	itemSep, keySep string
+	sortKeys        bool
+	ensureASCII     bool
+}
+
+// pyDumps writes v as Python's json.dumps does with those options: strings
+// escaped as Python escapes them, without HTML escaping; floats as
+// Python's repr; objects in their request's key order (keysOf).
+func pyDumps(v any, o dumpOptions) (string, error) {
+	w := pyWriter{indent: o.indent, ascii: o.ensureASCII, itemSep: o.itemSep, keySep: o.keySep, sortKeys: o.sortKeys}
+	if w.itemSep == "" && w.keySep == "" {
+		w.itemSep, w.keySep = ", ", ": "
+		if w.indent != nil {
+			w.itemSep = ","
+		}
+	}
 	if err := w.value(v, 0); err != nil {
 		return "", err
 	}
@@ -155,9 +170,11 @@ func pyDumps(v any, indent *string, ensureASCII bool) (string, error) {
 }
 
 type pyWriter struct {
-	b      strings.Builder
-	indent *string
-	ascii  bool
+	b               strings.Builder
+	indent          *string
+	ascii           bool
+	itemSep, keySep string
+	sortKeys        bool
 }
 
 func (w *pyWriter) newline(depth int) {
@@ -169,13 +186,11 @@ func (w *pyWriter) newline(depth int) {
 
 // open starts an item of a list or object at depth.
 func (w *pyWriter) item(i, depth int) {
+	if i > 0 {
+		w.b.WriteString(w.itemSep)
+	}
 	if w.indent != nil {
-		if i > 0 {
-			w.b.WriteByte(',')
-		}
 		w.newline(depth)
-	} else if i > 0 {
-		w.b.WriteString(", ")
 	}
 }
 
@@ -221,6 +236,9 @@ func (w *pyWriter) value(v any, depth int) error {
 		w.b.WriteByte(']')
 	case map[string]any:
 		keys := keysOf(x)
+		if w.sortKeys {
+			keys = slices.Sorted(slices.Values(keys))
+		}
 		if len(keys) == 0 {
 			w.b.WriteString("{}")
 			return nil
@@ -229,7 +247,7 @@ func (w *pyWriter) value(v any, depth int) error {
 		for i, k := range keys {
 			w.item(i, depth+1)
 			w.str(k)
-			w.b.WriteString(": ")
+			w.b.WriteString(w.keySep)
 			if err := w.value(x[k], depth+1); err != nil {
 				return err
 			}
@@ -239,6 +257,16 @@ func (w *pyWriter) value(v any, depth int) error {
 		}
 		w.b.WriteByte('}')
 	case *exec.Dict: // a dict the template wrote: {"output": ...}
+		if w.sortKeys {
+			m := make(map[string]any, len(x.Pairs))
+			for _, p := range x.Pairs {
+				if !p.Key.IsString() {
+					return fmt.Errorf("tojson: a key that is not a string: %s", p.Key.String())
+				}
+				m[p.Key.String()] = p.Value
+			}
+			return w.value(m, depth)
+		}
 		if len(x.Pairs) == 0 {
 			w.b.WriteString("{}")
 			return nil
@@ -250,7 +278,7 @@ func (w *pyWriter) value(v any, depth int) error {
 				return fmt.Errorf("tojson: a key that is not a string: %s", p.Key.String())
 			}
 			w.str(p.Key.String())
-			w.b.WriteString(": ")
+			w.b.WriteString(w.keySep)
 			if err := w.value(p.Value, depth+1); err != nil {
 				return err
 			}

@@ -20,7 +20,7 @@ func TestPyDumps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := pyDumps(v, nil, false)
+	got, err := pyDumps(v, dumpOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,13 +28,13 @@ func TestPyDumps(t *testing.T) {
 	if got != want {
 		t.Errorf("json.dumps:\n%s\nwant\n%s", got, want)
 	}
-	got, _ = pyDumps(v, nil, true)
+	got, _ = pyDumps(v, dumpOptions{ensureASCII: true})
 	if !strings.Contains(got, `"<&>'\"\\\n\t\u0001\u007f\u2028\u00e9\ud83d\ude00"`) {
 		t.Errorf("ensure_ascii: %s", got)
 	}
 	ind := "  "
 	v, _ = decodeJSON([]byte(`{"b": [1, {"c": []}], "a": {}}`), order)
-	got, _ = pyDumps(v, &ind, false)
+	got, _ = pyDumps(v, dumpOptions{indent: &ind})
 	if want := "{\n  \"b\": [\n    1,\n    {\n      \"c\": []\n    }\n  ],\n  \"a\": {}\n}"; got != want {
 		t.Errorf("indent=2:\n%s\nwant\n%s", got, want)
 	}
@@ -174,6 +174,31 @@ func TestLstripBlocks(t *testing.T) {
 		}
 		if p[0].Text != want {
 			t.Errorf("%q renders %q, want %q", tmpl, p[0].Text, want)
+		}
+	}
+}
+
+// TestToJSONArguments checks tojson's keyword arguments in a template, as
+// json.dumps takes them.
+func TestToJSONArguments(t *testing.T) {
+	tok := models(t)["qwen3"]
+	body := `{"messages": [{"role": "user", "content": "é"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"b": 1, "a": [1, 2]}}}]}`
+	for tmpl, want := range map[string]string{
+		`{{ tools[0].function.parameters | tojson }}`:                                  `{"b": 1, "a": [1, 2]}`,
+		`{{ tools[0].function.parameters | tojson(sort_keys=true) }}`:                  `{"a": [1, 2], "b": 1}`,
+		`{{ tools[0].function.parameters | tojson(separators=(",", ":")) }}`:           `{"b":1,"a":[1,2]}`,
+		`{{ tools[0].function.parameters | tojson(indent=1, separators=(";", "=")) }}`: "{\n \"b\"=1;\n \"a\"=[\n  1;\n  2\n ]\n}",
+		`{{ messages[0] | tojson(ensure_ascii=true) }}`:                                `{"role": "user", "content": "\u00e9"}`,
+		`{{ {"z": 1, "a": "<"} | tojson }}`:                                            `{"z": 1, "a": "<"}`,
+		`{{ {"z": 1, "a": 2} | tojson(sort_keys=true) }}`:                              `{"a": 2, "z": 1}`,
+	} {
+		p, err := tok.RequestPrompts([]byte(body), &RequestOptions{ChatTemplate: tmpl})
+		if err != nil {
+			t.Errorf("%s: %v", tmpl, err)
+			continue
+		}
+		if p[0].Text != want {
+			t.Errorf("%s renders %q, want %q", tmpl, p[0].Text, want)
 		}
 	}
 }
