@@ -332,6 +332,7 @@ func detectContentFormat(src string) ContentFormat {
 type renderVars struct {
 	messages            []any
 	tools               []any // nil: None
+	documents           []any // nil: None
 	addGenerationPrompt bool
 	kwargs              map[string]any
 	now                 func() time.Time
@@ -357,7 +358,11 @@ func (t *Tokenizer) render(tmpl *exec.Template, v renderVars) (string, error) {
 	} else {
 		ctx.Set("tools", v.tools)
 	}
-	ctx.Set("documents", nil)
+	if v.documents == nil {
+		ctx.Set("documents", nil)
+	} else {
+		ctx.Set("documents", v.documents)
+	}
 	ctx.Set("add_generation_prompt", v.addGenerationPrompt)
 	now := v.now
 	if now == nil {

@@ -60,23 +60,34 @@ type Prompt struct {
 // ("prompt") one per prompt it lists.
 //
 // A completion's prompt text is encoded with add_special_tokens (default
-// true: the tokenizer's BOS, where its post-processor adds one); a prompt
-// given as token ids is taken as it is. A chat is rendered with the chat
-// template and encoded with add_special_tokens (default false: the
-// template writes the special tokens), as in vLLM's
-// vllm/entrypoints/openai/serving_chat.py and vllm/renderers/hf.py
-// (HfRenderer.render_messages, safe_apply_chat_template). A request with
-// truncate_prompt_tokens keeps that many of its last tokens.
+// true, CompletionRequest in vllm/entrypoints/openai/protocol.py: the
+// tokenizer's BOS, where its post-processor adds one); a prompt given as
+// token ids is taken as it is. A chat is turned into a conversation as
+// vllm/entrypoints/chat_utils.py does (parse_chat_messages,
+// _parse_chat_message_content, _postprocess_messages: text parts joined
+// with "\n" or kept as parts by the content format that
+// vllm/renderers/hf.py's _detect_content_format finds in the template,
+// tool call arguments decoded), the tools dumped as
+// ChatCompletionToolsParam.model_dump() gives them, rendered as
+// vllm/renderers/hf.py's safe_apply_chat_template has transformers render
+// it (the tokenizer's template, or the one named "tool_use" for a request
+// with tools), and encoded with add_special_tokens (default false,
+// ChatCompletionRequest: the template writes the special tokens). A
+// request with truncate_prompt_tokens keeps that many of its last tokens.
+// The request's cache_salt, and the LoRA adapter its model names
+// (RequestOptions.LoRA), go into Prompt.Extra.
 //
 // Refused, with an error matching ErrRequest, as vLLM refuses them or
 // because their tokens cannot be known here: a body that is neither; a
 // prompt_embeds field; content parts other than text (images, audio,
 // video: their placeholder tokens come from the model's processor); both
-// add_generation_prompt and continue_final_message; a chat_template
-// without TrustRequestChatTemplate; chat_template_kwargs naming
-// chat_template or tokenize; truncate_prompt_tokens of -1 (the model's
-// length, unknown here). A template that fails (raise_exception
-// included) gives an error matching ErrTemplate.
+// add_generation_prompt and continue_final_message
+// (ChatCompletionRequest.check_generation_prompt); a cache_salt that is not
+// a non-empty string (check_cache_salt_support); a chat_template without
+// TrustRequestChatTemplate; chat_template_kwargs naming chat_template or
+// tokenize (resolve_chat_template_kwargs); truncate_prompt_tokens of -1
+// (the model's length, unknown here). A template that fails
+// (raise_exception included) gives an error matching ErrTemplate.
 func (t *Tokenizer) RequestPrompts(body []byte, opts *RequestOptions) ([]Prompt, error) {
 	if opts == nil {
 		opts = &RequestOptions{}
@@ -92,10 +103,11 @@ func (t *Tokenizer) RequestPrompts(body []byte, opts *RequestOptions) ([]Prompt,
 		return nil, badRequest("body is not a JSON object")
 	}
 	var extra vllmhash.ExtraKeys
-	if s, ok := req["cache_salt"].(string); ok {
+	// check_cache_salt_support: a salt is a non-empty string.
+	if s, ok := req["cache_salt"].(string); ok && s != "" {
 		extra.CacheSalt = s
 	} else if req["cache_salt"] != nil {
-		return nil, badRequest("cache_salt is not a string")
+		return nil, badRequest("Parameter 'cache_salt' must be a non-empty string if provided.")
 	}
 	if m, ok := req["model"].(string); ok && opts.LoRA != nil {
 		extra.LoRAName = opts.LoRA(m)
@@ -289,9 +301,16 @@ func (t *Tokenizer) chatPrompt(req map[string]any, order *keyOrder, opts *Reques
 		}
 	}
 	postprocessMessages(conv, order)
+	var documents []any
+	if d, ok := req["documents"]; ok && d != nil {
+		if documents, ok = d.([]any); !ok {
+			return Prompt{}, badRequest("documents is not a list")
+		}
+	}
 	text, err := t.render(tmpl, renderVars{
 		messages:            conv,
 		tools:               tools,
+		documents:           documents,
 		addGenerationPrompt: genPrompt,
 		kwargs:              kwargs,
 		now:                 opts.Now,

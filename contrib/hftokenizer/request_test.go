@@ -103,6 +103,8 @@ func TestRequestRefused(t *testing.T) {
 		`{"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ messages }}"}`,
 		`{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"tokenize": true}}`,
 		`{"messages": [{"content": "hi"}]}`,
+		`{"prompt": "x", "cache_salt": ""}`,
+		`{"prompt": "x", "cache_salt": 5}`,
 	} {
 		if _, err := tok.RequestPrompts([]byte(body), nil); !errors.Is(err, ErrRequest) {
 			t.Errorf("%s: err = %v, want ErrRequest", body, err)
