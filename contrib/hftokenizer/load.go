@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/dlclark/regexp2"
+	"github.com/nikolalohinski/gonja/v2/exec"
 )
 
 // ErrUnsupported is matched (with errors.Is) by the error of a tokenizer
@@ -126,7 +127,9 @@ func Load(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
 
 // LoadDir reads tokenizer.json and, when present, tokenizer_config.json from
 // a model's directory (each may also be given gzipped, as name.gz), as
-// [Load] does.
+// [Load] does. A chat_template.jinja beside them (where newer model
+// repositories keep the template) is the chat template, in place of
+// tokenizer_config.json's, as transformers loads it.
 func LoadDir(dir string) (*Tokenizer, error) {
 	read := func(name string) ([]byte, error) {
 		b, err := os.ReadFile(filepath.Join(dir, name))
@@ -146,7 +149,27 @@ func LoadDir(dir string) (*Tokenizer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hftokenizer: %w", err)
 	}
-	return Load(tok, cfg)
+	t, err := Load(tok, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if src, err := read("chat_template.jinja"); err == nil {
+		if src, err = gunzipped(src); err != nil {
+			return nil, fmt.Errorf("hftokenizer: chat_template.jinja: %w", err)
+		}
+		if t.config == nil {
+			t.config = &chatConfig{templates: map[string]string{}, special: map[string]any{}, compiled: map[string]*exec.Template{}}
+		}
+		tmpl, err := compileTemplate(string(src))
+		if err != nil {
+			return nil, fmt.Errorf("%w: chat_template.jinja: %v", ErrTemplate, err)
+		}
+		t.config.templates["default"] = string(src)
+		t.config.compiled["default"] = tmpl
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("hftokenizer: %w", err)
+	}
+	return t, nil
 }
 
 func gunzipped(b []byte) ([]byte, error) {

@@ -2,6 +2,7 @@ package hftokenizer
 
 import (
 	"errors"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -202,5 +203,31 @@ func TestToJSONArguments(t *testing.T) {
 		if p[0].Text != want {
 			t.Errorf("%s renders %q, want %q", tmpl, p[0].Text, want)
 		}
+	}
+}
+
+// TestChatTemplateFile checks that a chat_template.jinja beside the
+// tokenizer files is the template.
+func TestChatTemplateFile(t *testing.T) {
+	dir := t.TempDir()
+	for _, f := range []string{"tokenizer.json.gz", "tokenizer_config.json.gz"} {
+		b, err := os.ReadFile("testdata/qwen3/" + f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dir+"/"+f, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(dir+"/chat_template.jinja", []byte("{% for m in messages %}[{{ m.content }}]{% endfor %}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := LoadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := tok.RequestPrompts([]byte(`{"messages": [{"role": "user", "content": "hi"}]}`), nil)
+	if err != nil || p[0].Text != "[hi]" {
+		t.Errorf("render %+v, %v", p, err)
 	}
 }
