@@ -127,9 +127,10 @@ func Load(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
 
 // LoadDir reads tokenizer.json and, when present, tokenizer_config.json from
 // a model's directory (each may also be given gzipped, as name.gz), as
-// [Load] does. A chat_template.jinja beside them (where newer model
-// repositories keep the template) is the chat template, in place of
-// tokenizer_config.json's, as transformers loads it.
+// [Load] does. Template files beside them, where newer model repositories
+// keep their templates, take the place of tokenizer_config.json's, as
+// transformers loads them: chat_template.jinja is the default template,
+// additional_chat_templates/NAME.jinja the one named NAME ("tool_use").
 func LoadDir(dir string) (*Tokenizer, error) {
 	read := func(name string) ([]byte, error) {
 		b, err := os.ReadFile(filepath.Join(dir, name))
@@ -153,21 +154,38 @@ func LoadDir(dir string) (*Tokenizer, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Template files take priority over tokenizer_config.json's
+	// templates, all of them (transformers' tokenization_utils_base.py,
+	// _from_pretrained): chat_template.jinja is the default,
+	// additional_chat_templates/NAME.jinja the others.
+	files := map[string]string{}
 	if src, err := read("chat_template.jinja"); err == nil {
-		if src, err = gunzipped(src); err != nil {
-			return nil, fmt.Errorf("hftokenizer: chat_template.jinja: %w", err)
-		}
-		if t.config == nil {
-			t.config = &chatConfig{templates: map[string]string{}, special: map[string]any{}, compiled: map[string]*exec.Template{}}
-		}
-		tmpl, err := compileTemplate(string(src))
-		if err != nil {
-			return nil, fmt.Errorf("%w: chat_template.jinja: %v", ErrTemplate, err)
-		}
-		t.config.templates["default"] = string(src)
-		t.config.compiled["default"] = tmpl
+		files["default"] = string(src)
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("hftokenizer: %w", err)
+	}
+	extra, _ := filepath.Glob(filepath.Join(dir, "additional_chat_templates", "*.jinja"))
+	for _, p := range extra {
+		src, err := os.ReadFile(p)
+		if err != nil {
+			return nil, fmt.Errorf("hftokenizer: %w", err)
+		}
+		files[strings.TrimSuffix(filepath.Base(p), ".jinja")] = string(src)
+	}
+	if len(files) > 0 {
+		if t.config == nil {
+			t.config = &chatConfig{special: map[string]any{}}
+		}
+		t.config.templates = map[string]string{}
+		t.config.compiled = map[string]*exec.Template{}
+		for name, src := range files {
+			tmpl, err := compileTemplate(src)
+			if err != nil {
+				return nil, fmt.Errorf("%w %q: %v", ErrTemplate, name, err)
+			}
+			t.config.templates[name] = src
+			t.config.compiled[name] = tmpl
+		}
 	}
 	return t, nil
 }

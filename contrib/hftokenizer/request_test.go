@@ -222,6 +222,12 @@ func TestChatTemplateFile(t *testing.T) {
 	if err := os.WriteFile(dir+"/chat_template.jinja", []byte("{% for m in messages %}[{{ m.content }}]{% endfor %}"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.Mkdir(dir+"/additional_chat_templates", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir+"/additional_chat_templates/tool_use.jinja", []byte("tools: {{ tools|length }}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	tok, err := LoadDir(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -229,5 +235,9 @@ func TestChatTemplateFile(t *testing.T) {
 	p, err := tok.RequestPrompts([]byte(`{"messages": [{"role": "user", "content": "hi"}]}`), nil)
 	if err != nil || p[0].Text != "[hi]" {
 		t.Errorf("render %+v, %v", p, err)
+	}
+	p, err = tok.RequestPrompts([]byte(`{"messages": [{"role": "user", "content": "hi"}], "tools": []}`), nil)
+	if err != nil || p[0].Text != "tools: 0" {
+		t.Errorf("tool_use render %+v, %v", p, err)
 	}
 }
