@@ -100,6 +100,7 @@
 //
 // [Tokenizer.RequestPrompts] takes a request body as a file or stdin would
 // give it and returns each prompt's ids (and the text they were encoded
-// from); [Tokenizer.Encode] encodes plain text; [Tokenizer.RequestKeys]
-// goes on to the keys.
+// from); [Tokenizer.ChatPrompt] takes a chat's messages alone;
+// [Tokenizer.Encode] encodes plain text; [Tokenizer.RequestKeys] goes on
+// to the keys.
 package hftokenizer

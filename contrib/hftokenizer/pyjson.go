@@ -64,8 +64,8 @@ func keysOf(m map[string]any) []string {
 
 // decodeJSON decodes a JSON value as Python's json.loads would: objects as
 // maps (their key order recorded in o; a repeated key keeps its first place
-// and its last value), integers as int (float64 when too large for one),
-// other numbers as float64.
+// and its last value), integers as int (as their json.Number, written back
+// digit for digit, when too large for one), other numbers as float64.
 func decodeJSON(data []byte, o *keyOrder) (any, error) {
 	d := json.NewDecoder(bytes.NewReader(data))
 	d.UseNumber()
@@ -131,6 +131,7 @@ func decodeValue(d *json.Decoder, o *keyOrder) (any, error) {
 			if i, err := strconv.Atoi(s); err == nil {
 				return i, nil
 			}
+			return t, nil // an integer past int64: its digits, as Python keeps them
 		}
 		f, err := strconv.ParseFloat(s, 64)
 		if err != nil && !math.IsInf(f, 0) {

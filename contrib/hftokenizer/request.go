@@ -150,6 +150,20 @@ func (t *Tokenizer) RequestPrompts(body []byte, opts *RequestOptions) ([]Prompt,
 	return prompts, nil
 }
 
+// ChatPrompt returns the prompt of a chat given as its messages alone (a
+// JSON array of OpenAI-style messages), as [Tokenizer.RequestPrompts]
+// gives it for a /v1/chat/completions body with those messages and
+// nothing else: vLLM's defaults, a generation prompt added.
+func (t *Tokenizer) ChatPrompt(messages []byte, opts *RequestOptions) (Prompt, error) {
+	body := make([]byte, 0, len(messages)+16)
+	body = append(append(append(body, `{"messages": `...), messages...), '}')
+	p, err := t.RequestPrompts(body, opts)
+	if err != nil {
+		return Prompt{}, err
+	}
+	return p[0], nil
+}
+
 func boolField(req map[string]any, name string, def bool) (bool, error) {
 	v, ok := req[name]
 	if !ok || v == nil {

@@ -16,7 +16,7 @@ import (
 func TestPyDumps(t *testing.T) {
 	order := &keyOrder{}
 	defer order.release()
-	v, err := decodeJSON([]byte(`{"z": 1, "a": [1.0, 2.50, 1e16, 1.5e-5, 0.0001, -0.0, 123456789012, 1E2],
+	v, err := decodeJSON([]byte(`{"z": 1, "a": [1.0, 2.50, 1e16, 1.5e-5, 0.0001, -0.0, 123456789012, 1E2, 123456789012345678901234567890],
 		"s": "<&>'\"\\\n\t\u0001\u007f\u2028é😀", "n": null, "t": true, "e": {}, "l": []}`), order)
 	if err != nil {
 		t.Fatal(err)
@@ -25,7 +25,7 @@ func TestPyDumps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `{"z": 1, "a": [1.0, 2.5, 1e+16, 1.5e-05, 0.0001, -0.0, 123456789012, 100.0], "s": "<&>'\"\\\n\t\u0001` + "\u007f\u2028é😀" + `", "n": null, "t": true, "e": {}, "l": []}`
+	want := `{"z": 1, "a": [1.0, 2.5, 1e+16, 1.5e-05, 0.0001, -0.0, 123456789012, 100.0, 123456789012345678901234567890], "s": "<&>'\"\\\n\t\u0001` + "\u007f\u2028é😀" + `", "n": null, "t": true, "e": {}, "l": []}`
 	if got != want {
 		t.Errorf("json.dumps:\n%s\nwant\n%s", got, want)
 	}
@@ -239,5 +239,24 @@ func TestChatTemplateFile(t *testing.T) {
 	p, err = tok.RequestPrompts([]byte(`{"messages": [{"role": "user", "content": "hi"}], "tools": []}`), nil)
 	if err != nil || p[0].Text != "tools: 0" {
 		t.Errorf("tool_use render %+v, %v", p, err)
+	}
+}
+
+func TestChatPrompt(t *testing.T) {
+	tok := models(t)["qwen3"]
+	msgs := `[{"role": "user", "content": "hi"}]`
+	p, err := tok.ChatPrompt([]byte(msgs), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := tok.RequestPrompts([]byte(`{"model": "x", "messages": `+msgs+`}`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Text != "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n" || !slices.Equal(p.Tokens, want[0].Tokens) {
+		t.Errorf("ChatPrompt = %+v, want %+v", p, want[0])
+	}
+	if _, err := tok.ChatPrompt([]byte(`{"role": "user"}`), nil); !errors.Is(err, ErrRequest) {
+		t.Errorf("messages that are not a list: %v", err)
 	}
 }
