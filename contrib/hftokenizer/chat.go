@@ -258,7 +258,7 @@ func toJSONFilter(e *exec.Evaluator, in *exec.Value, params *exec.VarArgs) *exec
 	return exec.AsSafeValue(s)
 }
 
-// ChatTemplate returns the tokenizer's chat template as vLLM and
+// chatTemplate returns the tokenizer's chat template as vLLM and
 // transformers pick it (tokenizer.get_chat_template): the one named
 // "tool_use" when the request has tools and the tokenizer has such a
 // template, else "default".
