@@ -21,10 +21,11 @@ build:
 # the first run compiles gRPC under the race detector.
 # The tool and the server are modules of their own (the tool's progress bar
 # and terminal, and the server's Prometheus client library, are none of the
-# library's requirements). tools comes last: its test lays every published
+# library's requirements), and so is the tokenizer (contrib/hftokenizer:
+# regexp2, gonja and x/text stay out of the library's). tools comes last: its test lays every published
 # module out as a module proxy and installs and builds them from it, offline,
 # from the module cache the others' tests filled (docs/RELEASING.md).
-CONTRIB := cmd/umbp cmd/umbp-standalone-server contrib/prometheus contrib/otel
+CONTRIB := cmd/umbp cmd/umbp-standalone-server contrib/prometheus contrib/otel contrib/hftokenizer
 MODULES := $(CONTRIB) tools
 TESTFLAGS := -race -count=1 -timeout 10m
 # The scheduler's tests run a second time with its lookups through grpc-go's
