@@ -60,9 +60,9 @@ var neverListed = []string{
 type published struct{ path, dir string }
 
 // release reads what a release tags from go.work: every module it uses
-// but this one, each without a replace directive, and the version the
-// nested modules require the library at (which go.work replaces with the
-// checkout).
+// but this one, each without a replace directive, and the one version at
+// which they require each other (the library, and the tokenizer the tool
+// uses), which go.work replaces with the checkout's directories.
 func release(t *testing.T, root string) ([]published, string) {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(root, "go.work"))
@@ -74,7 +74,8 @@ func release(t *testing.T, root string) ([]published, string) {
 		t.Fatal(err)
 	}
 	var mods []published
-	versions := map[string][]string{} // version -> modules requiring the library at it
+	var files []*modfile.File
+	dirOf := map[string]string{} // module path -> directory, every module go.work uses
 	for _, u := range work.Use {
 		dir := path.Clean(u.Path)
 		data, err := os.ReadFile(filepath.Join(root, dir, "go.mod"))
@@ -85,31 +86,50 @@ func release(t *testing.T, root string) ([]published, string) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		dirOf[f.Module.Mod.Path] = dir
 		if dir == "tools" {
 			continue
 		}
 		mods = append(mods, published{f.Module.Mod.Path, dir})
+		files = append(files, f)
+	}
+	versions := map[string][]string{} // version -> "module requires module" at it
+	required := map[string]bool{}     // the modules of the workspace that others require
+	for i, f := range files {
 		for _, r := range f.Replace {
-			t.Errorf("%s/go.mod replaces %s: go install and go get ignore a published module's replace directives; the workspace (go.work) is where the checkout stands in", dir, r.Old.Path)
+			t.Errorf("%s/go.mod replaces %s: go install and go get ignore a published module's replace directives; the workspace (go.work) is where the checkout stands in", mods[i].dir, r.Old.Path)
 		}
 		for _, r := range f.Require {
-			if r.Mod.Path == core {
-				versions[r.Mod.Version] = append(versions[r.Mod.Version], dir)
+			if _, ours := dirOf[r.Mod.Path]; ours {
+				versions[r.Mod.Version] = append(versions[r.Mod.Version], mods[i].dir+" requires "+r.Mod.Path)
+				required[r.Mod.Path] = true
 			}
 		}
 	}
+	if !required[core] {
+		t.Fatalf("no nested module requires %s", core)
+	}
 	if len(versions) != 1 {
-		t.Fatalf("the nested modules require %s at %v: want one version, the release's", core, versions)
+		t.Fatalf("the modules require each other at %v: want one version, the release's", versions)
 	}
 	var version string
 	for v := range versions {
 		version = v
 	}
 	if !semverRelease.MatchString(version) {
-		t.Fatalf("the nested modules require %s at %s: want a release version (vX.Y.Z), which a tag can make", core, version)
+		t.Fatalf("the modules require each other at %s: want a release version (vX.Y.Z), which a tag can make", version)
 	}
-	if len(work.Replace) != 1 || work.Replace[0].Old.Path != core || work.Replace[0].Old.Version != version || path.Clean(work.Replace[0].New.Path) != "." {
-		t.Errorf("go.work should replace %s %s (the version the nested modules require) with the checkout, ./, and nothing else", core, version)
+	replaced := map[string]bool{}
+	for _, r := range work.Replace {
+		if !required[r.Old.Path] || r.Old.Version != version || path.Clean(r.New.Path) != dirOf[r.Old.Path] {
+			t.Errorf("go.work replaces %s %s with %s: it should replace only the modules the others require, at %s, each with its own directory", r.Old.Path, r.Old.Version, r.New.Path, version)
+		}
+		replaced[r.Old.Path] = true
+	}
+	for p := range required {
+		if !replaced[p] {
+			t.Errorf("go.work should replace %s %s with its directory, %s", p, version, dirOf[p])
+		}
 	}
 	return mods, version
 }

@@ -18,15 +18,19 @@ import (
 
 // The flags each key subcommand takes; any other is refused.
 var keySubFlags = map[string][]string{
-	"make":   {"ns", "topo", "group"},
-	"parse":  {"json"},
-	"tokens": {"ns", "seed", "algo", "topo", "groups", "hash-block-size", "lora", "salt"},
+	"make":    {"ns", "topo", "group"},
+	"parse":   {"json"},
+	"tokens":  {"ns", "seed", "algo", "topo", "groups", "hash-block-size", "lora", "salt"},
+	"text":    {"tokenizer", "special", "ns", "seed", "algo", "topo", "groups", "hash-block-size", "lora", "salt"},
+	"request": {"tokenizer", "chat-template", "ns", "seed", "algo", "topo", "groups", "hash-block-size"},
 }
 
 const keyUsage = `usage:
   umbp key make   [-ns NS] [-topo tp=RANK/SIZE,...] [-group G] HASH...
   umbp key parse  [-json] KEY...
   umbp key tokens -ns NS -seed SEED [-algo A] [-topo tp=SIZE,...] [-groups ID:BS,...] [TOKEN... | -]
+  umbp key text -tokenizer DIR -ns NS -seed SEED [-special=false] [...] [TEXT... | -]
+  umbp key request -tokenizer DIR -ns NS -seed SEED [-chat-template FILE] [...] [BODY.json | -]
 `
 
 const keyAbout = `make writes the key of each block hash (hex) for one rank; parse decodes keys
@@ -36,6 +40,15 @@ every group, in the order a prefix lookup asks for them. Hashes, keys and
 tokens come from the arguments, or from standard input when there are none
 (or the only one is "-"); tokens may be separated by spaces, commas or
 newlines, and brackets are ignored, so a JSON array of token IDs works.
+text and request key what an engine would: text encodes a prompt's text
+with the model's tokenizer (-tokenizer, the directory of the engines' own
+tokenizer.json and tokenizer_config.json), adding the special tokens as
+/v1/completions does unless -special=false; request reads an OpenAI-style
+/v1/completions or /v1/chat/completions body, renders a chat with the
+model's template (or -chat-template's, as the engine's --chat-template),
+and writes each prompt's keys, a blank line between prompts. Only
+byte-level BPE tokenizers (Llama 3, Qwen) are supported; others are
+refused by name.
 -topo names one rank as NAME=RANK/SIZE (make) or the engine's sizes as
 NAME=SIZE (tokens); each subcommand refuses the other form and the flags it
 does not take. A bad hash, key, namespace or token is a usage error
@@ -52,14 +65,16 @@ func keyFlags(fs *flag.FlagSet, _ *common) func(context.Context, env, []string) 
 	kf.register(fs)
 	group := fs.Int("group", 0, "make: the KV cache group")
 	asJSON := fs.Bool("json", false, "parse: print each key's parts as a JSON object")
+	var tf textFlags
+	tf.register(fs)
 	return func(_ context.Context, e env, args []string) error {
 		if len(args) == 0 {
-			return fmt.Errorf("%w: name a subcommand: make, parse or tokens", errUsage)
+			return fmt.Errorf("%w: name a subcommand: make, parse, tokens, text or request", errUsage)
 		}
 		sub, args := args[0], args[1:]
 		names, ok := keySubFlags[sub]
 		if !ok {
-			return fmt.Errorf("%w: unknown subcommand %q: want make, parse or tokens", errUsage, sub)
+			return fmt.Errorf("%w: unknown subcommand %q: want make, parse, tokens, text or request", errUsage, sub)
 		}
 		// Flags may also follow the subcommand.
 		switch err := parseFlags(fs, args); {
@@ -77,6 +92,10 @@ func keyFlags(fs *flag.FlagSet, _ *common) func(context.Context, env, []string) 
 			return keyMake(e, &kf, *group, args)
 		case "parse":
 			return keyParse(e, *asJSON, args)
+		case "text":
+			return keyText(e, &kf, &tf, args)
+		case "request":
+			return keyRequest(e, &kf, &tf, args)
 		}
 		return keyTokens(e, &kf, args)
 	}
