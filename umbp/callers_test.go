@@ -71,6 +71,28 @@ func cancelStorm(t *testing.T, h *umbp.SchedulerHandle, keys []string, live, can
 	return wrongCalls.Load()
 }
 
+// cancelThenAsk makes n lookups of keys whose context is cancelled, or
+// ends within 50 µs to a millisecond, each followed by a lookup and a
+// prefix lookup with a live context, which must find every key.
+func cancelThenAsk(t *testing.T, h *umbp.SchedulerHandle, keys []string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range n {
+		cctx, cancel := context.WithTimeout(ctx, time.Duration(50+i*50)*time.Microsecond)
+		if i%2 == 0 {
+			cancel()
+		}
+		h.Lookup(cctx, keys)
+		cancel()
+		if got := h.Lookup(ctx, keys); !allEqual(got, true) {
+			t.Fatalf("call %d: a live lookup after a cancelled one missed", i)
+		}
+		if got := h.LookupPrefix(ctx, keys); got != len(keys) {
+			t.Fatalf("call %d: a live prefix lookup after a cancelled one = %d", i, got)
+		}
+	}
+}
+
 // A caller's cancel is that caller's business: the next call, by anyone,
 // asks the server; the cancelled call is counted as Cancelled, never as a
 // failure or a timeout, and nothing is logged.
@@ -87,24 +109,7 @@ func TestCallerCancelCostsNoOtherCaller(t *testing.T) {
 	if got := h.Lookup(ctx, keys); !allEqual(got, true) {
 		t.Fatal("before: misses")
 	}
-	for i := range 20 {
-		var cctx context.Context
-		var cancel context.CancelFunc
-		if i%2 == 0 {
-			cctx, cancel = context.WithCancel(ctx)
-			cancel()
-		} else {
-			cctx, cancel = context.WithTimeout(ctx, time.Duration(50+i*20)*time.Microsecond)
-		}
-		h.Lookup(cctx, keys)
-		cancel()
-		if got := h.Lookup(ctx, keys); !allEqual(got, true) {
-			t.Fatalf("call %d: a live lookup after a cancelled one missed", i)
-		}
-		if n := h.LookupPrefix(ctx, keys); n != len(keys) {
-			t.Fatalf("call %d: a live prefix lookup after a cancelled one = %d", i, n)
-		}
-	}
+	cancelThenAsk(t, h, keys, 20)
 	st := h.Stats().Lookups
 	if st.Failures != 0 || st.Timeouts != 0 || st.Unasked != 0 {
 		t.Fatalf("cancelled calls counted against the server: %+v", st)
@@ -133,19 +138,7 @@ func TestCallerCancelCostsNoOtherCallerReplicas(t *testing.T) {
 	if got := h.Lookup(ctx, p.keys); !allEqual(got, true) {
 		t.Fatal("before: misses")
 	}
-	for i := range 20 {
-		cctx, cancel := context.WithCancel(ctx)
-		if i%2 == 0 {
-			cancel()
-		} else {
-			cctx, cancel = context.WithTimeout(ctx, time.Duration(50+i*20)*time.Microsecond)
-		}
-		h.Lookup(cctx, p.keys)
-		cancel()
-		if got := h.Lookup(ctx, p.keys); !allEqual(got, true) {
-			t.Fatalf("call %d: a live lookup after a cancelled one missed", i)
-		}
-	}
+	cancelThenAsk(t, h, p.keys, 20)
 	// That a cancelled call makes no replica suspect is
 	// internal/replicaset's TestUnansweredOnlyAtTheBound: here, on a busy
 	// host, the set's own health rules may hedge or set aside a slow
