@@ -50,11 +50,11 @@ func TestKeyTextAndRequest(t *testing.T) {
 	if len(want.Keys) == 0 {
 		t.Fatal("the text makes no full block")
 	}
-	for _, args := range [][]string{{text}, {"-"}} {
-		stdout, _ := mustRun(t, exitOK, text, append([]string{"key", "text", "-tokenizer", qwen3, "-ns", "demo", "-seed", "0"}, args...)...)
-		if got := strings.Fields(stdout); strings.Join(got, "\n") != strings.Join(want.Keys, "\n") {
-			t.Fatalf("key text %q:\n%s\nwant\n%s", args[0][:min(len(args[0]), 20)], stdout, strings.Join(want.Keys, "\n"))
-		}
+	// Each run loads the tokenizer (seconds under the race detector): the
+	// text once from standard input, the request once from a file.
+	stdout, _ := mustRun(t, exitOK, text, "key", "text", "-tokenizer", qwen3, "-ns", "demo", "-seed", "0")
+	if got := strings.Fields(stdout); strings.Join(got, "\n") != strings.Join(want.Keys, "\n") {
+		t.Fatalf("key text:\n%s\nwant\n%s", stdout, strings.Join(want.Keys, "\n"))
 	}
 
 	body := `{"model": "qwen3", "messages": [{"role": "system", "content": "` + text + `"}, {"role": "user", "content": "Where does the fox go?"}]}`
@@ -66,11 +66,9 @@ func TestKeyTextAndRequest(t *testing.T) {
 	if err := os.WriteFile(file, []byte(body), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for _, src := range []struct{ arg, stdin string }{{file, ""}, {"-", body}} {
-		stdout, _ := mustRun(t, exitOK, src.stdin, "key", "request", "-tokenizer", qwen3, "-ns", "demo", "-seed", "0", src.arg)
-		if got := strings.Fields(stdout); strings.Join(got, "\n") != strings.Join(prompts[0].Keys, "\n") {
-			t.Fatalf("key request %s:\n%s\nwant\n%s", src.arg, stdout, strings.Join(prompts[0].Keys, "\n"))
-		}
+	stdout, _ = mustRun(t, exitOK, "", "key", "request", "-tokenizer", qwen3, "-ns", "demo", "-seed", "0", file)
+	if got := strings.Fields(stdout); strings.Join(got, "\n") != strings.Join(prompts[0].Keys, "\n") {
+		t.Fatalf("key request:\n%s\nwant\n%s", stdout, strings.Join(prompts[0].Keys, "\n"))
 	}
 
 	// The mistakes a user makes are usage errors that say what is wrong.
