@@ -107,6 +107,10 @@ var (
 	// deadline has not returned: the server is stalled, asking again would
 	// only queue behind it.
 	errUnanswered = errors.New("an earlier call to the server has not returned")
+	// errBatchBound ends a part of a batch that the call's bound cut off
+	// after the server answered an earlier part: the batch's size, not the
+	// server's lateness.
+	errBatchBound = errors.New("the batch's bound passed")
 )
 
 // caller runs a scheduler handle's calls to its backend's current
@@ -262,9 +266,12 @@ func call[T any](ctx context.Context, c *caller, what string, kind callKind, b b
 	if f.Cancel() {
 		// It never started, and holds nothing up.
 	} else if end != nil {
-		if left {
+		switch {
+		case left:
 			end(context.Cause(ctx)) // the replicas it asked are not suspect
-		} else {
+		case b.partAnswered:
+			end(errBatchBound) // nor are they for a batch too large
+		default:
 			stopped.Store(true)
 			c.holdWhile(src, pool, kind, f.Done())
 			end(errdefs.ErrNoReply) // the store is checked then
@@ -466,9 +473,13 @@ func callInline[T any](ctx context.Context, c *caller, what string, src lookupSo
 	// of its own for every call.
 	cctx, cancel := context.WithCancelCause(ctx)
 	var expired atomic.Bool
+	cause := error(errdefs.ErrNoReply) // replicas asked are suspect, the store checked
+	if b.partAnswered {
+		cause = errBatchBound
+	}
 	t := time.AfterFunc(time.Until(b.deadline), func() {
 		expired.Store(true)
-		cancel(errdefs.ErrNoReply)
+		cancel(cause)
 	})
 	v, err := fn(src, cctx)
 	t.Stop()
