@@ -264,6 +264,12 @@ func TestLookupBoundAtAnyBatchSize(t *testing.T) {
 			if a.Answered != 0 || a.Complete() || !allEqual(a.Hits, false) || len(a.Hits) != n {
 				t.Fatalf("stalled, %d keys: answered %d, complete %v", n, a.Answered, a.Complete())
 			}
+			// The server's lateness, told apart from a caller's own
+			// context by errors.Is, whether the call waited or was held
+			// off.
+			if !errors.Is(a.Err, umbp.ErrNoReply) {
+				t.Fatalf("stalled, %d keys: %v, want ErrNoReply", n, a.Err)
+			}
 			start = time.Now()
 			if got := h.LookupPrefix(ctx, keys[:n]); got != 0 {
 				t.Fatalf("stalled prefix of %d keys = %d", n, got)

@@ -58,6 +58,9 @@
 //	                     transfer still in flight                     Transfers.AbandonedBytes is zero
 //	                                                                  (HostBuffer.Close then succeeds)
 //	ErrClosed            the handle was closed                        nothing to do
+//	ErrNoReply           a scheduler call got no answer within        treat its unanswered keys as misses
+//	                     LookupTimeout, or was held off after one
+//	                     that got none (LookupResult.Err)
 //	ErrNotSupported      no GPU runtime, or a server without ranged   register host memory, or use another server
 //	                     I/O for GPU memory
 //	ErrUntrustedServer   the server's socket or process failed the    fix the deployment; nothing was shared

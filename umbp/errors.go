@@ -113,6 +113,13 @@ var (
 	// ErrClosed is returned by calls on a closed handle, and fails the keys
 	// of transfers submitted to one.
 	ErrClosed = errdefs.ErrClosed
+	// ErrNoReply means a scheduler call got no answer from the server
+	// within LookupTimeout, or was held off because an earlier call has
+	// had none yet: the server's lateness, told apart from the caller's
+	// own context ending (context.Canceled or DeadlineExceeded without
+	// ErrNoReply). A call that ran out the bound also matches
+	// context.DeadlineExceeded.
+	ErrNoReply = errdefs.ErrNoReply
 )
 
 // Errors of input refused before anything reaches a server. Each matches

@@ -262,11 +262,11 @@ func ExampleSchedulerHandle_LookupAnswers() {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	res = sched.LookupAnswers(ctx, keys)
-	fmt.Println(res.Hits, res.Answered, errors.Is(res.Err, context.Canceled))
+	fmt.Println(res.Hits, res.Answered, errors.Is(res.Err, context.Canceled), errors.Is(res.Err, umbp.ErrNoReply))
 	fmt.Println(sched.Stats().Lookups.Cancelled)
 	// Output:
 	// [false false false] 3 true
-	// [false false false] 0 true
+	// [false false false] 0 true false
 	// 1
 }
 

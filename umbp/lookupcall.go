@@ -106,7 +106,7 @@ var (
 	// errUnanswered refuses a call while an earlier one that overran its
 	// deadline has not returned: the server is stalled, asking again would
 	// only queue behind it.
-	errUnanswered = errors.New("an earlier call to the server has not returned")
+	errUnanswered = fmt.Errorf("%w: an earlier call to the server has not returned", errdefs.ErrNoReply)
 	// errBatchBound ends a part of a batch that the call's bound cut off
 	// after the server answered an earlier part: the batch's size, not the
 	// server's lateness.

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/umbp-go/umbp-go/internal/conn"
-	"github.com/umbp-go/umbp-go/internal/errdefs"
 	"github.com/umbp-go/umbp-go/internal/loglimit"
 	"github.com/umbp-go/umbp-go/internal/replicaset"
 )
@@ -154,11 +153,12 @@ type LookupResult struct {
 	// in the pool, or is quarantined, is answered, a miss). The keys from
 	// Answered on were not asked or not answered, and are misses.
 	Answered int
-	// Err says why the keys from Answered on have no answer: the caller's
-	// context ended (matching its error), no reply within LookupTimeout
-	// (ErrNoReply), the server refused or failed the call, or the handle
-	// is reconnecting, closed or holding calls off. Nil when every key was
-	// answered.
+	// Err says why the keys from Answered on have no answer, matched with
+	// errors.Is: the caller's context ended (its error alone); no reply
+	// within LookupTimeout, or calls held off after one got none
+	// (ErrNoReply); the handle is reconnecting (ErrUnavailable) or closed
+	// (ErrClosed); or the server refused or failed the call. Nil when
+	// every key was answered.
 	Err error
 }
 
@@ -362,10 +362,10 @@ func notAsked(err error) bool {
 // must act on: the server's doing, never a caller's.
 func (h *SchedulerHandle) logFailure(op string, err error) {
 	switch {
-	case errors.Is(err, errdefs.ErrNoReply):
-		h.stats.timeouts.Add(1)
-	case notAsked(err):
+	case notAsked(err): // held off matches ErrNoReply too: it was not asked
 		h.stats.unasked.Add(1)
+	case errors.Is(err, ErrNoReply):
+		h.stats.timeouts.Add(1)
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 		h.stats.cancelled.Add(1) // the caller's context: its business
 		return
