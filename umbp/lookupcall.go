@@ -284,9 +284,9 @@ func call[T any](ctx context.Context, c *caller, what string, kind callKind, b b
 		if !left && !b.partAnswered {
 			c.overran(src, pool, kind, f.Done())
 		} else {
-			start := time.Unix(0, began.Load())
-			if began.Load() == 0 {
-				start = time.Now()
+			start := time.Now() // not begun yet: it begins now at the earliest
+			if ns := began.Load(); ns != 0 {
+				start = time.Unix(0, ns)
 			}
 			c.lateAt(src, pool, kind, f.Done(), start.Add(c.timeout))
 		}
