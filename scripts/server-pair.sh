@@ -18,14 +18,25 @@
 # prints nothing it must: the script waits for the socket file to appear
 # (at most WAIT seconds, default 60) and for the client's own start-up
 # wait (umbp's -timeout) to see it answer.
+#
+# -d CLIENT runs B's runs with that client instead of -c's, so that two
+# builds of the whole path (client and server) can be compared, each on
+# fresh servers:
+#
+#   scripts/server-pair.sh -n 8 \
+#     -a 'old/umbp-standalone-server -endpoint unix://@SOCK@ -capacity 1GiB' \
+#     -b 'bin/umbp-standalone-server -endpoint unix://@SOCK@ -capacity 1GiB' \
+#     -c 'old/umbp bench -suite -yes -endpoint unix://@SOCK@' \
+#     -d 'bin/umbp bench -suite -yes -endpoint unix://@SOCK@'
 set -u
-n=4 a= b= c=
-while getopts n:a:b:c: opt; do
+n=4 a= b= c= d=
+while getopts n:a:b:c:d: opt; do
   case $opt in
   n) n=$OPTARG ;;
   a) a=$OPTARG ;;
   b) b=$OPTARG ;;
   c) c=$OPTARG ;;
+  d) d=$OPTARG ;;
   *) exit 2 ;;
   esac
 done
@@ -33,6 +44,7 @@ if [ -z "$a" ] || [ -z "$b" ] || [ -z "$c" ]; then
   sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'
   exit 2
 fi
+declare -A client=([A]=$c [B]=${d:-$c})
 out=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/server-pair.XXXXXX")}
 mkdir -p "$out"
 wait_s=${WAIT:-60}
@@ -47,14 +59,16 @@ run() {
   sock=$dir/node0.grpc.sock
   k=$((count[$label] + 1))
   count[$label]=$k
-  ${cmd//@SOCK@/$sock} >"$out/$label.$k.log" 2>&1 &
+  : >"$out/$label.$k.log" # both write by appending, so neither overwrites the other
+  ${cmd//@SOCK@/$sock} >>"$out/$label.$k.log" 2>&1 &
   pid=$!
   for _ in $(seq $((wait_s * 10))); do
     [ -S "$sock" ] && break
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.1
   done
-  if ! ${c//@SOCK@/$sock} >"$out/$label.$k" 2>>"$out/$label.$k.log"; then
+  local cl=${client[$label]}
+  if ! ${cl//@SOCK@/$sock} >"$out/$label.$k" 2>>"$out/$label.$k.log"; then
     echo "server-pair: the client failed against $label (run $k): $out/$label.$k.log" >&2
   fi
   kill "$pid" 2>/dev/null

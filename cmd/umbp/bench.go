@@ -76,6 +76,7 @@ func benchFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string
 	var sc suiteConfig
 	fs.IntVar(&sc.existsReps, "exists-reps", 200, "with -suite: lookups timed per key count")
 	fs.IntVar(&sc.bwReps, "bw-reps", 7, "with -suite: stores and loads timed per workload")
+	fs.BoolVar(&sc.jobs, "jobs", false, "with -suite: print each store's and load's figure too, after its row's median, as put_64KiBx256_job1_GBps (a row's first jobs on a server just started are slower)")
 	yes := fs.Bool("yes", false, "with -suite: really run it: the suite clears the pool before each store, and every engine attached to the server loses its stored KV")
 	return func(ctx context.Context, e env, args []string) error {
 		if len(args) != 0 {
@@ -90,7 +91,7 @@ func benchFlags(fs *flag.FlagSet, c *common) func(context.Context, env, []string
 				if *standard {
 					other = append(other, "-"+f.Name)
 				}
-			case "exists-reps", "bw-reps", "yes":
+			case "exists-reps", "bw-reps", "jobs", "yes":
 				if !*standard {
 					other = append(other, "-"+f.Name)
 				}

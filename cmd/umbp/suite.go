@@ -33,7 +33,10 @@ import (
 //     load);
 //   - put/get_ranges_256x32x2KiB_GBps: 256 objects of 32 ranges of 2 KiB,
 //     range j of object i at slot j·256+i of the buffer, as a layer-major KV
-//     cache.
+//     cache;
+//   - with jobs, each job's own figure after its row's median, as
+//     put_64KiBx256_job3_GBps (the third job of that row), so that a
+//     row's first jobs after the server starts can be told from the rest.
 //
 // Every loaded byte is checked ("verify ok"). A figure times the whole
 // call, as umbp_bench does: Store (or Load) and Wait.
@@ -48,7 +51,8 @@ const (
 type suiteConfig struct {
 	existsReps int
 	bwReps     int
-	scale      int // divides every object size (tests); 0 means 1
+	jobs       bool // each job's figure too
+	scale      int  // divides every object size (tests); 0 means 1
 }
 
 // suiteLine is one figure of the suite.
@@ -199,8 +203,17 @@ func suite(ctx context.Context, rt, grpcRT *umbp.StandaloneRuntime, sc suiteConf
 		if !bytes.Equal(src[:total], dst[:total]) {
 			return fmt.Errorf("get_%s: the loaded bytes differ from the stored ones", tag)
 		}
-		out(suiteLine{"put_" + tag + "_GBps", median(put)})
-		out(suiteLine{"get_" + tag + "_GBps", median(get)})
+		for _, row := range []struct {
+			name string
+			v    []float64
+		}{{"put_" + tag, put}, {"get_" + tag, get}} {
+			out(suiteLine{row.name + "_GBps", median(row.v)})
+			if sc.jobs {
+				for j, v := range row.v {
+					out(suiteLine{fmt.Sprintf("%s_job%d_GBps", row.name, j+1), v})
+				}
+			}
+		}
 		return nil
 	}
 	contiguous := func(size uint64) func(int, uint64) []umbp.KVRange {

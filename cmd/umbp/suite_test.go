@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -56,6 +57,57 @@ func TestSuite(t *testing.T) {
 			t.Errorf("version %d: the suite left %d objects and %d regions", opts.Version, s.Objects, s.Regions)
 		}
 	}
+}
+
+// With jobs, each bandwidth row's median is followed by its jobs' own
+// figures, in the order they ran, and the median is theirs.
+func TestSuiteJobs(t *testing.T) {
+	srv := umbptest.NewServer(t, umbptest.Options{})
+	cfg := umbp.Config{Endpoint: srv.Endpoint(), Logger: slog.New(slog.DiscardHandler)}
+	rt, err := umbp.NewStandaloneRuntime(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.GRPCLookups = true
+	grpcRT, err := umbp.NewStandaloneRuntime(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const reps = 3
+	var got []suiteLine
+	if err := suite(t.Context(), rt, grpcRT, suiteConfig{existsReps: 1, bwReps: reps, jobs: true, scale: 64}, func(l suiteLine) {
+		got = append(got, l)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rows := 0
+	for i, l := range got {
+		row, ok := strings.CutSuffix(l.Name, "_GBps")
+		if !ok || strings.Contains(row, "_job") {
+			continue
+		}
+		rows++
+		if i+reps >= len(got) {
+			t.Fatalf("%s: no room for its %d jobs in %v", l.Name, reps, got)
+		}
+		var v []float64
+		for j := 1; j <= reps; j++ {
+			job := got[i+j]
+			if want := fmt.Sprintf("%s_job%d_GBps", row, j); job.Name != want || job.Value <= 0 {
+				t.Fatalf("line %d after %s: %s = %v, want %s > 0", j, l.Name, job.Name, job.Value, want)
+			}
+			v = append(v, job.Value)
+		}
+		if m := median(v); m != l.Value {
+			t.Errorf("%s = %v, the median of its jobs %v is %v", l.Name, l.Value, v, m)
+		}
+	}
+	if rows != 6 {
+		t.Errorf("%d bandwidth rows with jobs, want 6: %v", rows, got)
+	}
+	// Without -suite the flag is refused, as the suite's others are.
+	_, stderr := mustRun(t, exitUsage, "", "bench", "-endpoint", srv.Endpoint(), "-jobs")
+	mustContain(t, "bench -jobs", stderr, "-jobs has no effect without -suite")
 }
 
 func TestSuiteFlags(t *testing.T) {
