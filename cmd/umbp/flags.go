@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -110,6 +111,30 @@ func inFlagWords(err error) string {
 		if m := untrustedUID.FindStringSubmatch(text); m != nil {
 			text += fmt.Sprintf(" (if uid %s runs your server, pass -trust-uid %s)", m[1], m[1])
 		}
+	}
+	return text
+}
+
+// envFlags are the flags whose default is an environment variable's value.
+var envFlags = []struct{ flag, env string }{
+	{"endpoint", "UMBP_ENDPOINT"},
+	{"master", "UMBP_MASTER_ADDRESS"},
+}
+
+// withEnvSource adds to an error's text, when it names a flag of fs that
+// was not given and took its value from the environment, where that value
+// came from: a mistyped $UMBP_ENDPOINT is fixed in the environment, not
+// on a command line that has no -endpoint.
+func withEnvSource(text string, fs *flag.FlagSet) string {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for _, e := range envFlags {
+		f := fs.Lookup(e.flag)
+		v := os.Getenv(e.env)
+		if f == nil || given[e.flag] || v == "" || f.Value.String() != v || !strings.Contains(text, "-"+e.flag) {
+			continue
+		}
+		text += fmt.Sprintf(" (the value of $%s: -%s was not given)", e.env, e.flag)
 	}
 	return text
 }

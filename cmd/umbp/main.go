@@ -161,11 +161,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			fmt.Fprint(stdout, help.text)
 			return exitOK
 		case errors.Is(err, errUsage):
-			fmt.Fprintf(stderr, "%s: %s\n", who, inFlagWords(err))
+			fmt.Fprintf(stderr, "%s: %s\n", who, withEnvSource(inFlagWords(err), fs))
 			fmt.Fprintf(stderr, "run '%s' for its flags\n", strings.Replace(who, "umbp ", "umbp help ", 1))
 			return exitUsage
 		default:
-			fmt.Fprintf(stderr, "%s: %s\n", who, inFlagWords(err))
+			fmt.Fprintf(stderr, "%s: %s\n", who, withEnvSource(inFlagWords(err), fs))
 			return exitFail
 		}
 	}

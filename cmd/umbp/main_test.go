@@ -700,3 +700,25 @@ func TestTokenInputSaysItsForm(t *testing.T) {
 	_, stderr = mustRun(t, exitUsage, "", "key", "tokens", "-ns", "m", "-seed", "0", "1", "x2")
 	mustContain(t, "a word", stderr, `umbp key tokens: token "x2" is not an integer: give token ids as integers`)
 }
+
+// An error that names a flag whose value came from the environment says
+// so: the fix is in the environment, not on the command line.
+func TestFlagFromEnvironment(t *testing.T) {
+	const note = "(the value of $UMBP_ENDPOINT: -endpoint was not given)"
+	t.Setenv("UMBP_ENDPOINT", "relative/node0.grpc.sock")
+	_, stderr := mustRun(t, exitUsage, "", "ping")
+	mustContain(t, "ping with a relative $UMBP_ENDPOINT", stderr, `"relative/node0.grpc.sock" must be an absolute path`, note)
+	_, stderr = mustRun(t, exitUsage, "", "ping", "-endpoint", "other/node0.grpc.sock")
+	mustContain(t, "ping -endpoint", stderr, `"other/node0.grpc.sock" must be an absolute path`)
+	if strings.Contains(stderr, "$UMBP_ENDPOINT:") {
+		t.Errorf("a given -endpoint is said to come from the environment:\n%s", stderr)
+	}
+	missing := filepath.Join(t.TempDir(), "node0.grpc.sock")
+	t.Setenv("UMBP_ENDPOINT", missing)
+	_, stderr = mustRun(t, exitFail, "", "ping")
+	mustContain(t, "ping with $UMBP_ENDPOINT where no socket is", stderr, "no server socket at "+missing, note)
+
+	t.Setenv("UMBP_MASTER_ADDRESS", "/run/umbp/node0.grpc.sock")
+	_, stderr = mustRun(t, exitUsage, "", "cluster", "lookup", "-tokens", "1", "2")
+	mustContain(t, "cluster lookup with a socket path as $UMBP_MASTER_ADDRESS", stderr, "is not host:port", "(the value of $UMBP_MASTER_ADDRESS: -master was not given)")
+}
