@@ -184,8 +184,11 @@ func (h *SchedulerHandle) LookupAnswers(ctx context.Context, keys []string) Look
 	if out.Err != nil && out.Answered > 0 {
 		out.Err = fmt.Errorf("%d of %d keys answered: %w", out.Answered, len(keys), out.Err)
 	}
+	counted := uint64(len(keys)) // keys counted as hits or misses
 	if out.Err != nil {
-		h.logFailure("lookup", out.Err)
+		if h.logFailure("lookup", out.Err) {
+			counted = uint64(out.Answered)
+		}
 		out.Err = opError("lookup", h.address, out.Err)
 	}
 	h.quarantine.mask(keys[:out.Answered], out.Hits)
@@ -196,7 +199,7 @@ func (h *SchedulerHandle) LookupAnswers(ctx context.Context, keys []string) Look
 		}
 	}
 	h.stats.hits.Add(n)
-	h.stats.misses.Add(uint64(len(keys)) - n)
+	h.stats.misses.Add(counted - n)
 	return out
 }
 
@@ -221,11 +224,10 @@ func (h *SchedulerHandle) LookupPrefix(ctx context.Context, keys []string) int {
 	}
 	h.stats.lookups.Add(1)
 	n, err := h.calls.prefix(ctx, b, h.backend.encode, h.quarantine.first, keys)
-	if err != nil {
-		h.logFailure("prefix lookup", err)
-	}
 	h.stats.hits.Add(uint64(n))
-	h.stats.misses.Add(uint64(len(keys) - n))
+	if err == nil || !h.logFailure("prefix lookup", err) {
+		h.stats.misses.Add(uint64(len(keys) - n))
+	}
 	return n
 }
 
@@ -359,8 +361,10 @@ func notAsked(err error) bool {
 
 // logFailure counts a call left without an answer in exactly one of
 // Timeouts, Unasked, Cancelled and Failures, and warns of what an operator
-// must act on: the server's doing, never a caller's.
-func (h *SchedulerHandle) logFailure(op string, err error) {
+// must act on: the server's doing, never a caller's. It reports whether
+// the call's caller left it (Cancelled): the keys it left unanswered are
+// then neither hits nor misses, for they say nothing of the pool.
+func (h *SchedulerHandle) logFailure(op string, err error) (callerLeft bool) {
 	switch {
 	case notAsked(err): // held off matches ErrNoReply too: it was not asked
 		h.stats.unasked.Add(1)
@@ -368,7 +372,7 @@ func (h *SchedulerHandle) logFailure(op string, err error) {
 		h.stats.timeouts.Add(1)
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 		h.stats.cancelled.Add(1) // the caller's context: its business
-		return
+		return true
 	default:
 		h.stats.failures.Add(1)
 	}
@@ -379,4 +383,5 @@ func (h *SchedulerHandle) logFailure(op string, err error) {
 		return // the store's fault, which the backend says once
 	}
 	h.log.Warn(h.what+" call failed; treating as a miss", "op", op, "endpoint", h.address, "err", err)
+	return false
 }

@@ -48,9 +48,12 @@ type ReplicaStats struct {
 // Calls, and, if it did not get an answer for every key, in exactly one of
 // Timeouts, Failures, Unasked and Cancelled.
 type LookupStats struct {
-	Calls  uint64 // Lookup, LookupPrefix and Score calls with keys to ask about
-	Hits   uint64 // keys answered present
-	Misses uint64 // keys answered absent, including failed and unasked calls' keys
+	Calls uint64 // Lookup, LookupPrefix and Score calls with keys to ask about
+	Hits  uint64 // keys answered present
+	// Misses counts keys answered absent, and the keys of calls that
+	// failed, timed out or went unasked; not the keys a call's caller
+	// left unanswered (Cancelled), which say nothing of the pool.
+	Misses uint64
 	// Timeouts counts calls that got no reply within LookupTimeout for
 	// some of their keys: a stalled server, or a batch too large to ask
 	// within the bound.

@@ -80,3 +80,37 @@ func TestLookupsUnaskedAreNotFailures(t *testing.T) {
 		t.Fatalf("lookups %+v; want 3 calls: 1 timeout, 1 unasked, no failure", st)
 	}
 }
+
+// The keys a call's caller left unanswered are neither hits nor misses:
+// they say nothing of the pool. A stalled server's unanswered keys are
+// misses, as an engine sees them.
+func TestLookupsCancelledKeysAreNotMisses(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
+	h, err := rt.NewSchedulerHandle(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	keys := []string{"a", "b", "c"}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	h.Lookup(cancelled, keys)
+	h.LookupPrefix(cancelled, keys)
+	h.LookupAnswers(cancelled, keys)
+	if st := h.Stats().Lookups; st != (umbp.LookupStats{Calls: 3, Cancelled: 3}) {
+		t.Fatalf("after 3 cancelled calls: %+v; want 3 calls, 3 cancelled, no hits or misses", st)
+	}
+	h.Lookup(context.Background(), keys)
+	h.LookupPrefix(context.Background(), keys)
+	if st := h.Stats().Lookups; st != (umbp.LookupStats{Calls: 5, Cancelled: 3, Misses: 6}) {
+		t.Fatalf("after 2 answered calls: %+v; want 6 misses", st)
+	}
+	srv.Stall()
+	defer srv.Resume()
+	h.Lookup(context.Background(), keys) // no reply within LookupTimeout
+	h.Lookup(context.Background(), keys) // held off
+	if st := h.Stats().Lookups; st != (umbp.LookupStats{Calls: 7, Cancelled: 3, Timeouts: 1, Unasked: 1, Misses: 12}) {
+		t.Fatalf("after a stalled and a held-off call: %+v; want their 6 keys counted misses", st)
+	}
+}

@@ -39,6 +39,7 @@ type Collector struct {
 
 	state, rangedIO, reconnects                           *prometheus.Desc
 	lookups, hits, misses, timeouts, failures, unasked    *prometheus.Desc
+	cancelled                                             *prometheus.Desc
 	submitted, completed, failed, refused, blocked        *prometheus.Desc
 	bytesStored, bytesLoaded, abandonedBufs, abandonedLen *prometheus.Desc
 	replicaUp, replicaAside, replicaCalls, replicaHedges  *prometheus.Desc
@@ -58,10 +59,11 @@ func NewCollector() *Collector {
 		reconnects:    d("reconnects_total", "Attachments to a new server after the first."),
 		lookups:       d("lookups_total", "Scheduler calls that asked the server about keys."),
 		hits:          d("lookup_hits_total", "Keys answered present."),
-		misses:        d("lookup_misses_total", "Keys answered absent, including the keys of failed calls."),
+		misses:        d("lookup_misses_total", "Keys answered absent, and the keys of calls that failed, timed out or went unasked (not those of calls their callers left)."),
 		timeouts:      d("lookup_timeouts_total", "Scheduler calls that got no reply within LookupTimeout."),
 		failures:      d("lookup_failures_total", "Scheduler calls that failed or were refused (not timeouts)."),
 		unasked:       d("lookup_unasked_total", "Scheduler calls answered misses at once without asking a server (held off, reconnecting, closed, or the master's store said out)."),
+		cancelled:     d("lookup_cancelled_total", "Scheduler calls whose caller's context ended before they were answered: the caller's doing, not the server's."),
 		submitted:     d("transfers_submitted_total", "Transfer jobs handed to the transfer goroutines."),
 		completed:     d("transfers_completed_total", "Transfer jobs that ended COMPLETED."),
 		failed:        d("transfers_failed_total", "Transfer jobs that ended FAILED or CANCELLED after submission."),
@@ -101,7 +103,7 @@ func (c *Collector) Remove(name string) {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.state, c.rangedIO, c.reconnects,
-		c.lookups, c.hits, c.misses, c.timeouts, c.failures, c.unasked,
+		c.lookups, c.hits, c.misses, c.timeouts, c.failures, c.unasked, c.cancelled,
 		c.submitted, c.completed, c.failed, c.refused, c.blocked,
 		c.bytesStored, c.bytesLoaded, c.abandonedBufs, c.abandonedLen,
 		c.replicaUp, c.replicaAside, c.replicaCalls, c.replicaHedges,
@@ -148,6 +150,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			counter(c.timeouts, l.Timeouts)
 			counter(c.failures, l.Failures)
 			counter(c.unasked, l.Unasked)
+			counter(c.cancelled, l.Cancelled)
 		}
 		for _, r := range s.Replicas {
 			gauge(c.replicaUp, b2f(r.State == umbp.StateConnected), r.Addr)

@@ -80,7 +80,7 @@ umbp_handle_state{handle="worker",state="reconnecting"} 0
 # HELP umbp_lookup_hits_total Keys answered present.
 # TYPE umbp_lookup_hits_total counter
 umbp_lookup_hits_total{handle="sched"} 1
-# HELP umbp_lookup_misses_total Keys answered absent, including the keys of failed calls.
+# HELP umbp_lookup_misses_total Keys answered absent, and the keys of calls that failed, timed out or went unasked (not those of calls their callers left).
 # TYPE umbp_lookup_misses_total counter
 umbp_lookup_misses_total{handle="sched"} 1
 # HELP umbp_lookups_total Scheduler calls that asked the server about keys.
@@ -111,10 +111,10 @@ umbp_transfers_blocked{handle="worker"} 0
 	if err := testutil.CollectAndCompare(c, strings.NewReader(want), names...); err != nil {
 		t.Fatal(err)
 	}
-	// 3 state series + ranged I/O + reconnects per handle, 6 lookup series
+	// 3 state series + ranged I/O + reconnects per handle, 7 lookup series
 	// for the scheduler, 9 transfer series for the worker.
-	if n := testutil.CollectAndCount(c); n != 2*5+6+9 {
-		t.Errorf("%d series, want %d", n, 2*5+6+9)
+	if n := testutil.CollectAndCount(c); n != 2*5+7+9 {
+		t.Errorf("%d series, want %d", n, 2*5+7+9)
 	}
 	problems, err := testutil.CollectAndLint(c)
 	if err != nil {
@@ -168,7 +168,7 @@ func TestCollectorEveryMetric(t *testing.T) {
 		State:        umbp.StateReconnecting,
 		Capabilities: umbp.ServerCapabilities{RangedIO: true},
 		Reconnects:   3,
-		Lookups:      umbp.LookupStats{Calls: 11, Hits: 12, Misses: 13, Timeouts: 14, Failures: 15, Unasked: 16},
+		Lookups:      umbp.LookupStats{Calls: 11, Hits: 12, Misses: 13, Timeouts: 14, Failures: 15, Unasked: 16, Cancelled: 17},
 		Transfers: umbp.TransferStats{
 			Submitted: 21, Completed: 22, Failed: 23, Refused: 24, Blocked: 25,
 			BytesStored: 26, BytesLoaded: 27, AbandonedBuffers: 28, AbandonedBytes: 29,
@@ -189,13 +189,16 @@ umbp_handle_state{handle="h",state="reconnecting"} 1
 # HELP umbp_loaded_bytes_total Object bytes of keys loaded.
 # TYPE umbp_loaded_bytes_total counter
 umbp_loaded_bytes_total{handle="h"} 27
+# HELP umbp_lookup_cancelled_total Scheduler calls whose caller's context ended before they were answered: the caller's doing, not the server's.
+# TYPE umbp_lookup_cancelled_total counter
+umbp_lookup_cancelled_total{handle="h"} 17
 # HELP umbp_lookup_failures_total Scheduler calls that failed or were refused (not timeouts).
 # TYPE umbp_lookup_failures_total counter
 umbp_lookup_failures_total{handle="h"} 15
 # HELP umbp_lookup_hits_total Keys answered present.
 # TYPE umbp_lookup_hits_total counter
 umbp_lookup_hits_total{handle="h"} 12
-# HELP umbp_lookup_misses_total Keys answered absent, including the keys of failed calls.
+# HELP umbp_lookup_misses_total Keys answered absent, and the keys of calls that failed, timed out or went unasked (not those of calls their callers left).
 # TYPE umbp_lookup_misses_total counter
 umbp_lookup_misses_total{handle="h"} 13
 # HELP umbp_lookup_timeouts_total Scheduler calls that got no reply within LookupTimeout.
