@@ -86,12 +86,7 @@ func TestLookupsUnaskedAreNotFailures(t *testing.T) {
 // misses, as an engine sees them.
 func TestLookupsCancelledKeysAreNotMisses(t *testing.T) {
 	srv := newServer(t, umbptest.Options{})
-	rt := newRuntime(t, testConfig(t, srv.Endpoint()))
-	h, err := rt.NewSchedulerHandle(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := newScheduler(t, newRuntime(t, testConfig(t, srv.Endpoint())))
 	keys := []string{"a", "b", "c"}
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()

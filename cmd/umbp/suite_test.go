@@ -25,19 +25,10 @@ func TestSuite(t *testing.T) {
 	}
 	for _, opts := range []umbptest.Options{{}, {Version: 1}} {
 		srv := umbptest.NewServer(t, opts)
-		cfg := umbp.Config{Endpoint: srv.Endpoint(), Logger: slog.New(slog.DiscardHandler)}
-		rt, err := umbp.NewStandaloneRuntime(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.GRPCLookups = true
-		grpcRT, err := umbp.NewStandaloneRuntime(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		rt, grpcRT := suiteRuntimes(t, srv)
 		var out bytes.Buffer
 		var got []string
-		err = suite(t.Context(), rt, grpcRT, suiteConfig{existsReps: 2, bwReps: 2, scale: 64}, func(l suiteLine) {
+		err := suite(t.Context(), rt, grpcRT, suiteConfig{existsReps: 2, bwReps: 2, scale: 64}, func(l suiteLine) {
 			got = append(got, l.Name)
 			if l.Name != "verify ok" && l.Value <= 0 {
 				t.Errorf("version %d: %s = %v", opts.Version, l.Name, l.Value)
@@ -63,16 +54,7 @@ func TestSuite(t *testing.T) {
 // figures, in the order they ran, and the median is theirs.
 func TestSuiteJobs(t *testing.T) {
 	srv := umbptest.NewServer(t, umbptest.Options{})
-	cfg := umbp.Config{Endpoint: srv.Endpoint(), Logger: slog.New(slog.DiscardHandler)}
-	rt, err := umbp.NewStandaloneRuntime(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.GRPCLookups = true
-	grpcRT, err := umbp.NewStandaloneRuntime(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rt, grpcRT := suiteRuntimes(t, srv)
 	const reps = 3
 	var got []suiteLine
 	if err := suite(t.Context(), rt, grpcRT, suiteConfig{existsReps: 1, bwReps: reps, jobs: true, scale: 64}, func(l suiteLine) {
@@ -108,6 +90,22 @@ func TestSuiteJobs(t *testing.T) {
 	// Without -suite the flag is refused, as the suite's others are.
 	_, stderr := mustRun(t, exitUsage, "", "bench", "-endpoint", srv.Endpoint(), "-jobs")
 	mustContain(t, "bench -jobs", stderr, "-jobs has no effect without -suite")
+}
+
+// suiteRuntimes are the suite's two runtimes on srv: lock-step lookups,
+// and lookups through grpc-go.
+func suiteRuntimes(t *testing.T, srv *umbptest.Server) (rt, grpcRT *umbp.StandaloneRuntime) {
+	t.Helper()
+	cfg := umbp.Config{Endpoint: srv.Endpoint(), Logger: slog.New(slog.DiscardHandler)}
+	rt, err := umbp.NewStandaloneRuntime(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.GRPCLookups = true
+	if grpcRT, err = umbp.NewStandaloneRuntime(cfg); err != nil {
+		t.Fatal(err)
+	}
+	return rt, grpcRT
 }
 
 func TestSuiteFlags(t *testing.T) {
