@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"compress/gzip"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -26,7 +27,7 @@ func models(t testing.TB) map[string]*Tokenizer {
 	loadOnce.Do(func() {
 		loaded = make(map[string]*Tokenizer)
 		for _, name := range goldenModels {
-			tok, err := LoadDir(filepath.Join("testdata", name))
+			tok, err := loadModel(name)
 			if err != nil {
 				loadErr = err
 				return
@@ -38,6 +39,44 @@ func models(t testing.TB) map[string]*Tokenizer {
 		t.Fatal(loadErr)
 	}
 	return loaded
+}
+
+// loadModel loads testdata/<name>. A model whose tokenizer.json differs
+// from llama3's only in its post-processor (llama3_1, whose post-processor
+// adds Llama 3.1's BOS) keeps that post-processor alone, as
+// post_processor.json, and no tokenizer.json of its own (gen.cjs checks
+// that nothing else differs): its tokenizer.json is llama3's with that
+// post-processor.
+func loadModel(name string) (*Tokenizer, error) {
+	dir := filepath.Join("testdata", name)
+	post, err := os.ReadFile(filepath.Join(dir, "post_processor.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return LoadDir(dir)
+	}
+	if err != nil {
+		return nil, err
+	}
+	base, err := os.ReadFile(filepath.Join("testdata", "llama3", "tokenizer.json.gz"))
+	if err != nil {
+		return nil, err
+	}
+	if base, err = gunzipped(base); err != nil {
+		return nil, err
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(base, &fields); err != nil {
+		return nil, err
+	}
+	fields["post_processor"] = post
+	tok, err := json.Marshal(fields)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json.gz"))
+	if err != nil {
+		return nil, err
+	}
+	return Load(tok, cfg)
 }
 
 // readJSONL decodes each line of a gzipped JSON-lines file into a new T.

@@ -15,7 +15,8 @@
 // (it has no tools); the tool-calling cases use vLLM's Llama 3.1 template
 // with that package's tokenizer instead (testdata/README.md).
 //
-// It writes contrib/hftokenizer/testdata: each model's files (gzipped),
+// It writes contrib/hftokenizer/testdata: each model's files (gzipped;
+// llama3_1's tokenizer.json as its post-processor alone),
 // encode.jsonl.gz (the corpus and its ids) and chat.jsonl.gz (requests,
 // their renders and ids). chat.cjs beside it holds the conversations and
 // the request-to-conversation rules the renders are made with.
@@ -60,9 +61,22 @@ async function main() {
   for (const [name, pkg] of Object.entries(models)) {
     const dir = path.join(path.resolve(tokDir), "node_modules", pkg, "models");
     fs.mkdirSync(path.join(out, name), { recursive: true });
-    for (const f of ["tokenizer.json", "tokenizer_config.json"]) {
-      gz(path.join(name, f + ".gz"), fs.readFileSync(path.join(dir, f), "utf8"));
+    const tokJSON = fs.readFileSync(path.join(dir, "tokenizer.json"), "utf8");
+    if (name === "llama3_1") {
+      // Llama 3's tokenizer.json but for its post-processor (Llama 3.1's
+      // BOS): only the post-processor is kept, and the Go test puts it in
+      // llama3's (golden_test.go, loadModel).
+      const own = JSON.parse(tokJSON);
+      const base = JSON.parse(fs.readFileSync(path.join(path.resolve(tokDir), "node_modules", models.llama3, "models", "tokenizer.json"), "utf8"));
+      const post = own.post_processor;
+      delete own.post_processor;
+      delete base.post_processor;
+      if (JSON.stringify(own) !== JSON.stringify(base)) throw new Error("llama3_1's tokenizer.json differs from llama3's beyond its post-processor");
+      fs.writeFileSync(path.join(out, name, "post_processor.json"), JSON.stringify(post, null, 2) + "\n");
+    } else {
+      gz(path.join(name, "tokenizer.json.gz"), tokJSON);
     }
+    gz(path.join(name, "tokenizer_config.json.gz"), fs.readFileSync(path.join(dir, "tokenizer_config.json"), "utf8"));
     toks[name] = Tokenizer.fromFile(path.join(dir, "tokenizer.json"));
     configs[name] = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer_config.json"), "utf8"));
   }
