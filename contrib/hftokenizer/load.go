@@ -139,7 +139,15 @@ func LoadDir(dir string) (*Tokenizer, error) {
 		}
 		return b, err
 	}
+	if fi, err := os.Stat(dir); err != nil {
+		return nil, fmt.Errorf("hftokenizer: the model's directory: %w", err)
+	} else if !fi.IsDir() {
+		return nil, fmt.Errorf("hftokenizer: %s is a file, not the model's directory (the one holding tokenizer.json)", dir)
+	}
 	tok, err := read("tokenizer.json")
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("hftokenizer: no tokenizer.json or tokenizer.json.gz in %s: %w", dir, os.ErrNotExist)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("hftokenizer: %w", err)
 	}
