@@ -26,15 +26,30 @@ var ErrTemplate = errors.New("hftokenizer: chat template")
 type chatConfig struct {
 	templates map[string]string // by name; a single template is "default"
 	special   map[string]any    // bos_token, eos_token, …: the special_tokens_map
-	compiled  map[string]*exec.Template
+	compiled  map[string]*compiledTemplate
 }
+
+// compiledTemplate is a chat template compiled, with what its text alone
+// decides.
+type compiledTemplate struct {
+	tmpl   *exec.Template
+	format ContentFormat // detectContentFormat's, for ContentFormatAuto
+}
+
+// templateError is an error of a chat template that matches ErrTemplate
+// (and what it wraps) without repeating ErrTemplate's "hftokenizer: " in
+// its message, for an error whose caller names the package already.
+type templateError struct{ err error }
+
+func (e templateError) Error() string   { return e.err.Error() }
+func (e templateError) Unwrap() []error { return []error{ErrTemplate, e.err} }
 
 func parseConfig(b []byte) (*chatConfig, error) {
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return nil, err
 	}
-	c := &chatConfig{templates: map[string]string{}, special: map[string]any{}, compiled: map[string]*exec.Template{}}
+	c := &chatConfig{templates: map[string]string{}, special: map[string]any{}, compiled: map[string]*compiledTemplate{}}
 	if t, ok := raw["chat_template"]; ok && !isNull(t) {
 		var s string
 		var named []struct{ Name, Template string }
@@ -85,7 +100,8 @@ func parseConfig(b []byte) (*chatConfig, error) {
 	for name, src := range c.templates {
 		tmpl, err := compileTemplate(src)
 		if err != nil {
-			return nil, fmt.Errorf("%w %q: %v", ErrTemplate, name, err)
+			// Load names the package and the file.
+			return nil, templateError{fmt.Errorf("chat template %q: %w", name, err)}
 		}
 		c.compiled[name] = tmpl
 	}
@@ -96,7 +112,7 @@ func parseConfig(b []byte) (*chatConfig, error) {
 // (transformers/utils/chat_template_utils.py, _compile_jinja_template):
 // trim_blocks and lstrip_blocks, the globals raise_exception and
 // strftime_now, and tojson as json.dumps with ensure_ascii=False and no
-// HTML escaping.
+// HTML escaping; range gives a list, of at most maxRange items.
 func environment() *exec.Environment {
 	filters := exec.NewFilterSet(map[string]exec.FilterFunction{})
 	filters.Update(builtins.Filters)
@@ -104,6 +120,7 @@ func environment() *exec.Environment {
 		panic(err)
 	}
 	ctx := exec.EmptyContext().Update(builtins.GlobalFunctions).Update(builtins.GlobalVariables)
+	ctx.Set("range", rangeFunction)
 	ctx.Set("raise_exception", func(msg string) (string, error) {
 		return "", fmt.Errorf("raise_exception: %s", msg)
 	})
@@ -119,6 +136,55 @@ func environment() *exec.Environment {
 		ControlStructures: builtins.ControlStructures,
 		Methods:           methods,
 	}
+}
+
+// maxRange is the most items range gives, as in Jinja's sandbox
+// (jinja2/sandbox.py, MAX_RANGE).
+const maxRange = 100000
+
+// rangeFunction is Python's range, as a list: gonja's sends the numbers
+// from a goroutine of its own, which stays blocked for good when the
+// template does not take them all ({% set r = range(10) %}).
+func rangeFunction(_ *exec.Evaluator, params *exec.VarArgs) ([]int, error) {
+	start, stop, step := 0, 0, 1
+	args := params.Args
+	for _, a := range args {
+		if !a.IsInteger() {
+			args = nil // refused below
+		}
+	}
+	switch len(args) {
+	case 1:
+		stop = args[0].Integer()
+	case 2:
+		start, stop = args[0].Integer(), args[1].Integer()
+	case 3:
+		start, stop, step = args[0].Integer(), args[1].Integer(), args[2].Integer()
+	default:
+		return nil, exec.ErrInvalidCall(errors.New("expected signature is [start, ]stop[, step] where all arguments are integers"))
+	}
+	if len(params.KwArgs) > 0 {
+		return nil, exec.ErrInvalidCall(errors.New("range takes no keyword arguments"))
+	}
+	if step == 0 {
+		return nil, exec.ErrInvalidCall(errors.New("step cannot be 0"))
+	}
+	// The count, in uint64: stop-start may overflow an int.
+	var n uint64
+	switch {
+	case step > 0 && start < stop:
+		n = (uint64(stop)-uint64(start)-1)/uint64(step) + 1
+	case step < 0 && start > stop:
+		n = (uint64(start)-uint64(stop)-1)/(-uint64(step)) + 1
+	}
+	if n > maxRange {
+		return nil, fmt.Errorf("range has %d items, more than %d", n, maxRange)
+	}
+	out := make([]int, n)
+	for i := range out {
+		out[i] = start + i*step
+	}
+	return out, nil
 }
 
 // dictMethods are gonja's dict methods, with keys(), values() and items()
@@ -186,12 +252,12 @@ var templateConfig = func() *config.Config {
 // compiled, by their text: a few an engine's worth.
 var templates struct {
 	sync.Mutex
-	m map[string]*exec.Template
+	m map[string]*compiledTemplate
 }
 
 const templateCacheSize = 64
 
-func cachedTemplate(src string) (*exec.Template, error) {
+func cachedTemplate(src string) (*compiledTemplate, error) {
 	templates.Lock()
 	tmpl, ok := templates.m[src]
 	templates.Unlock()
@@ -200,24 +266,42 @@ func cachedTemplate(src string) (*exec.Template, error) {
 	}
 	tmpl, err := compileTemplate(src)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrTemplate, err)
+		return nil, fmt.Errorf("%w: %w", ErrTemplate, err)
 	}
 	templates.Lock()
 	if templates.m == nil || len(templates.m) >= templateCacheSize {
-		templates.m = make(map[string]*exec.Template)
+		templates.m = make(map[string]*compiledTemplate)
 	}
 	templates.m[src] = tmpl
 	templates.Unlock()
 	return tmpl, nil
 }
 
-func compileTemplate(src string) (*exec.Template, error) {
-	src = keepInlineWhitespace(src)
-	loader, err := loaders.NewShiftedLoader("chat_template", strings.NewReader(src), loaders.MustNewMemoryLoader(nil))
+// compileTemplate compiles a template's text. A panic of gonja's parser
+// is its error.
+func compileTemplate(src string) (c *compiledTemplate, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			c, err = nil, panicError(r)
+		}
+	}()
+	loader, err := loaders.NewShiftedLoader("chat_template", strings.NewReader(keepInlineWhitespace(src)), loaders.MustNewMemoryLoader(nil))
 	if err != nil {
 		return nil, err
 	}
-	return exec.NewTemplate("chat_template", templateConfig, loader, environment())
+	tmpl, err := exec.NewTemplate("chat_template", templateConfig, loader, environment())
+	if err != nil {
+		return nil, err
+	}
+	return &compiledTemplate{tmpl: tmpl, format: detectContentFormat(src)}, nil
+}
+
+// panicError is the error of a recovered panic of gonja's.
+func panicError(r any) error {
+	if err, ok := r.(error); ok {
+		return fmt.Errorf("panic: %w", err)
+	}
+	return fmt.Errorf("panic: %v", r)
 }
 
 func toJSONFilter(e *exec.Evaluator, in *exec.Value, params *exec.VarArgs) *exec.Value {
@@ -237,7 +321,7 @@ func toJSONFilter(e *exec.Evaluator, in *exec.Value, params *exec.VarArgs) *exec
 	switch {
 	case indent.IsNil():
 	case indent.IsInteger():
-		s := strings.Repeat(" ", indent.Integer())
+		s := strings.Repeat(" ", max(indent.Integer(), 0)) // Python's " " * n: "" for n < 0
 		opts.indent = &s
 	case indent.IsString():
 		s := indent.String()
@@ -262,9 +346,9 @@ func toJSONFilter(e *exec.Evaluator, in *exec.Value, params *exec.VarArgs) *exec
 // transformers pick it (tokenizer.get_chat_template): the one named
 // "tool_use" when the request has tools and the tokenizer has such a
 // template, else "default".
-func (t *Tokenizer) chatTemplate(tools bool) (string, *exec.Template, error) {
+func (t *Tokenizer) chatTemplate(tools bool) (*compiledTemplate, error) {
 	if t.config == nil || len(t.config.templates) == 0 {
-		return "", nil, fmt.Errorf("%w: the tokenizer has no chat template", ErrTemplate)
+		return nil, fmt.Errorf("%w: the tokenizer has no chat template", ErrTemplate)
 	}
 	name := "default"
 	if _, ok := t.config.templates["tool_use"]; tools && ok {
@@ -272,9 +356,9 @@ func (t *Tokenizer) chatTemplate(tools bool) (string, *exec.Template, error) {
 	}
 	tmpl, ok := t.config.compiled[name]
 	if !ok {
-		return "", nil, fmt.Errorf("%w: the tokenizer has no template named %q", ErrTemplate, name)
+		return nil, fmt.Errorf("%w: the tokenizer has no template named %q", ErrTemplate, name)
 	}
-	return t.config.templates[name], tmpl, nil
+	return tmpl, nil
 }
 
 // ContentFormat is how message content reaches a chat template, as vLLM's
@@ -341,8 +425,14 @@ type renderVars struct {
 // render renders the template as transformers' apply_chat_template does
 // (render_jinja_template): the special tokens, then the request's
 // chat_template_kwargs, then messages, tools, documents and
-// add_generation_prompt.
-func (t *Tokenizer) render(tmpl *exec.Template, v renderVars) (string, error) {
+// add_generation_prompt. A panic of gonja's (1 % 0, "a" * -1) is the
+// template's error.
+func (t *Tokenizer) render(tmpl *compiledTemplate, v renderVars) (out string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			out, err = "", fmt.Errorf("%w: %w", ErrTemplate, panicError(r))
+		}
+	}()
 	ctx := exec.NewContext(map[string]any{})
 	if t.config != nil {
 		for k, val := range t.config.special {
@@ -371,9 +461,9 @@ func (t *Tokenizer) render(tmpl *exec.Template, v renderVars) (string, error) {
 	ctx.Set("strftime_now", func(format string) (string, error) {
 		return strftime.Format(format, now())
 	})
-	out, err := tmpl.ExecuteToString(ctx)
+	out, err = tmpl.tmpl.ExecuteToString(ctx)
 	if err != nil {
-		return "", fmt.Errorf("%w: %v", ErrTemplate, err)
+		return "", fmt.Errorf("%w: %w", ErrTemplate, err)
 	}
 	return out, nil
 }

@@ -1,6 +1,7 @@
 package hftokenizer
 
 import (
+	"strings"
 	"sync"
 	"unicode/utf8"
 
@@ -214,7 +215,9 @@ func (t *Tokenizer) encodeWord(ids []int32, w string, sc *scratch) []int32 {
 	start := len(ids)
 	ids = t.bpe(ids, w, sc)
 	if len(w) < cacheMaxWord {
-		t.cache.put(w, append([]int32(nil), ids[start:]...))
+		// w is a piece of the caller's text: the cache keeps a copy, not
+		// the whole text.
+		t.cache.put(strings.Clone(w), append([]int32(nil), ids[start:]...))
 	}
 	return ids
 }

@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	"github.com/dlclark/regexp2"
-	"github.com/nikolalohinski/gonja/v2/exec"
 )
 
 // ErrUnsupported is matched (with errors.Is) by the error of a tokenizer
@@ -168,28 +167,41 @@ func LoadDir(dir string) (*Tokenizer, error) {
 	// additional_chat_templates/NAME.jinja the others.
 	files := map[string]string{}
 	if src, err := read("chat_template.jinja"); err == nil {
+		if src, err = gunzipped(src); err != nil {
+			return nil, fmt.Errorf("hftokenizer: chat_template.jinja.gz: %w", err)
+		}
 		files["default"] = string(src)
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("hftokenizer: %w", err)
 	}
-	extra, _ := filepath.Glob(filepath.Join(dir, "additional_chat_templates", "*.jinja"))
-	for _, p := range extra {
-		src, err := os.ReadFile(p)
+	// Listed, not globbed: a directory's name may hold a pattern's
+	// characters ("[").
+	extraDir := filepath.Join(dir, "additional_chat_templates")
+	extra, err := os.ReadDir(extraDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("hftokenizer: %w", err)
+	}
+	for _, e := range extra {
+		name, ok := strings.CutSuffix(e.Name(), ".jinja")
+		if !ok || e.IsDir() {
+			continue
+		}
+		src, err := os.ReadFile(filepath.Join(extraDir, e.Name()))
 		if err != nil {
 			return nil, fmt.Errorf("hftokenizer: %w", err)
 		}
-		files[strings.TrimSuffix(filepath.Base(p), ".jinja")] = string(src)
+		files[name] = string(src)
 	}
 	if len(files) > 0 {
 		if t.config == nil {
 			t.config = &chatConfig{special: map[string]any{}}
 		}
 		t.config.templates = map[string]string{}
-		t.config.compiled = map[string]*exec.Template{}
+		t.config.compiled = map[string]*compiledTemplate{}
 		for name, src := range files {
 			tmpl, err := compileTemplate(src)
 			if err != nil {
-				return nil, fmt.Errorf("%w %q: %v", ErrTemplate, name, err)
+				return nil, fmt.Errorf("%w %q: %w", ErrTemplate, name, err)
 			}
 			t.config.templates[name] = src
 			t.config.compiled[name] = tmpl
@@ -253,7 +265,7 @@ func build(f *tokenizerFile) (*Tokenizer, error) {
 			return nil, err
 		}
 	}
-	if err := t.buildModel(m); err != nil {
+	if err := t.buildModel(m, len(f.AddedTokens)); err != nil {
 		return nil, err
 	}
 	if err := t.buildAdded(f.AddedTokens); err != nil {
@@ -262,19 +274,25 @@ func build(f *tokenizerFile) (*Tokenizer, error) {
 	return t, nil
 }
 
-func (t *Tokenizer) buildModel(m *modelJSON) error {
+// buildModel reads the model's vocabulary and merges; added is the number
+// of added tokens, whose ids follow the vocabulary's.
+func (t *Tokenizer) buildModel(m *modelJSON, added int) error {
 	// Tokens are kept as the bytes they stand for; a token with a
 	// character outside the byte-level alphabet can never come out of a
-	// byte-level word and is kept for decoding only.
+	// byte-level word and is kept for decoding only. The table is as
+	// long as the largest id: ids run from 0, below the number of tokens
+	// with the added ones (the added tokens take the ids after the
+	// vocabulary's), and an id past them would only cost memory.
+	limit := len(m.vocab) + added
 	maxID := int32(-1)
-	for _, id := range m.vocab {
+	for tok, id := range m.vocab {
+		if id < 0 || int(id) >= limit {
+			return fmt.Errorf("hftokenizer: tokenizer.json: model: vocab: token %q has id %d, not in [0, %d) (the vocabulary's %d tokens and %d added tokens)", tok, id, limit, len(m.vocab), added)
+		}
 		maxID = max(maxID, id)
 	}
 	byID := make([]string, maxID+1)
 	for tok, id := range m.vocab {
-		if id < 0 {
-			return fmt.Errorf("hftokenizer: token %q has id %d", tok, id)
-		}
 		byID[id] = tok
 	}
 	t.vocab = newTokenTable(byID)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"reflect"
 	"slices"
@@ -62,30 +63,40 @@ func keysOf(m map[string]any) []string {
 	return k
 }
 
+// maxNesting is how deeply arrays and objects may nest in a decoded value,
+// as in encoding/json: deeper, decoding fails instead of exhausting the
+// stack.
+const maxNesting = 10000
+
 // decodeJSON decodes a JSON value as Python's json.loads would: objects as
 // maps (their key order recorded in o; a repeated key keeps its first place
 // and its last value), integers as int (as their json.Number, written back
 // digit for digit, when too large for one), other numbers as float64.
+// Anything but whitespace after the value is an error ("Extra data").
 func decodeJSON(data []byte, o *keyOrder) (any, error) {
 	d := json.NewDecoder(bytes.NewReader(data))
 	d.UseNumber()
-	v, err := decodeValue(d, o)
+	v, err := decodeValue(d, o, 0)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := d.Token(); err == nil {
+	if _, err := d.Token(); err != io.EOF {
 		return nil, fmt.Errorf("extra data after the JSON value")
 	}
 	return v, nil
 }
 
-func decodeValue(d *json.Decoder, o *keyOrder) (any, error) {
+// decodeValue decodes the next value, within depth arrays and objects.
+func decodeValue(d *json.Decoder, o *keyOrder, depth int) (any, error) {
 	tok, err := d.Token()
 	if err != nil {
 		return nil, err
 	}
 	switch t := tok.(type) {
 	case json.Delim:
+		if depth >= maxNesting {
+			return nil, fmt.Errorf("arrays and objects nested more than %d deep", maxNesting)
+		}
 		switch t {
 		case '{':
 			m := make(map[string]any)
@@ -96,7 +107,7 @@ func decodeValue(d *json.Decoder, o *keyOrder) (any, error) {
 					return nil, err
 				}
 				k := kt.(string)
-				v, err := decodeValue(d, o)
+				v, err := decodeValue(d, o, depth+1)
 				if err != nil {
 					return nil, err
 				}
@@ -113,7 +124,7 @@ func decodeValue(d *json.Decoder, o *keyOrder) (any, error) {
 		case '[':
 			l := []any{}
 			for d.More() {
-				v, err := decodeValue(d, o)
+				v, err := decodeValue(d, o, depth+1)
 				if err != nil {
 					return nil, err
 				}

@@ -7,7 +7,6 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/nikolalohinski/gonja/v2/exec"
 	"github.com/umbp-go/umbp-go/umbp/vllmhash"
 )
 
@@ -283,7 +282,7 @@ func (t *Tokenizer) chatPrompt(req map[string]any, order *keyOrder, opts *Reques
 		}
 	}
 	var src string
-	var tmpl *exec.Template
+	var tmpl *compiledTemplate
 	switch {
 	case req["chat_template"] != nil:
 		s, ok := req["chat_template"].(string)
@@ -301,12 +300,12 @@ func (t *Tokenizer) chatPrompt(req map[string]any, order *keyOrder, opts *Reques
 		if tmpl, err = cachedTemplate(src); err != nil {
 			return Prompt{}, err
 		}
-	} else if src, tmpl, err = t.chatTemplate(tools != nil); err != nil {
+	} else if tmpl, err = t.chatTemplate(tools != nil); err != nil {
 		return Prompt{}, err
 	}
 	format := opts.ContentFormat
 	if format == "" || format == ContentFormatAuto {
-		format = detectContentFormat(src)
+		format = tmpl.format
 	}
 	conv := make([]any, len(msgs))
 	for i, m := range msgs {
