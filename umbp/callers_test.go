@@ -244,7 +244,11 @@ func TestLookupBoundAtAnyBatchSize(t *testing.T) {
 	if a.Answered > 0 && a.Answered < len(keys) {
 		// The server answered part of the call: it is alive, and the
 		// batch was too large for the bound. The next call asks it (is
-		// not held off, which Unasked would count).
+		// not held off, which Unasked would count). Its error says so:
+		// not the server's lateness.
+		if !errors.Is(a.Err, umbp.ErrBatchTooLarge) || errors.Is(a.Err, umbp.ErrNoReply) || !errors.Is(a.Err, context.DeadlineExceeded) {
+			t.Fatalf("answered %d of %d keys: %v, want ErrBatchTooLarge (and DeadlineExceeded), not ErrNoReply", a.Answered, len(keys), a.Err)
+		}
 		unasked := h.Stats().Lookups.Unasked
 		h.Lookup(ctx, held)
 		if n := h.Stats().Lookups.Unasked - unasked; n != 0 {

@@ -61,6 +61,8 @@
 //	ErrNoReply           a scheduler call got no answer within        treat its unanswered keys as misses
 //	                     LookupTimeout, or was held off after one
 //	                     that got none (LookupResult.Err)
+//	ErrBatchTooLarge     LookupTimeout passed while the server was    ask fewer keys at once, or give a longer
+//	                     answering a batch part by part               LookupTimeout; the rest are misses
 //	ErrNotSupported      no GPU runtime, or a server without ranged   register host memory, or use another server
 //	                     I/O for GPU memory
 //	ErrUntrustedServer   the server's socket or process failed the    fix the deployment; nothing was shared

@@ -120,6 +120,14 @@ var (
 	// ErrNoReply). A call that ran out the bound also matches
 	// context.DeadlineExceeded.
 	ErrNoReply = errdefs.ErrNoReply
+	// ErrBatchTooLarge means a scheduler call's LookupTimeout, counted
+	// from the call, passed while the server was answering its batch part
+	// by part (or before a part could be asked at all): the keys asked
+	// before are answered, the rest are misses. It is the batch's size
+	// against LookupTimeout, not the server's lateness, and holds nothing
+	// off; ask fewer keys at once, or give a longer LookupTimeout. It
+	// also matches context.DeadlineExceeded.
+	ErrBatchTooLarge = errors.New("batch too large to ask within LookupTimeout")
 )
 
 // Errors of input refused before anything reaches a server. Each matches

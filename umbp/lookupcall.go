@@ -107,9 +107,9 @@ var (
 	// deadline has not returned: the server is stalled, asking again would
 	// only queue behind it.
 	errUnanswered = fmt.Errorf("%w: an earlier call to the server has not returned", errdefs.ErrNoReply)
-	// errBatchBound ends a part of a batch that the call's bound cut off
-	// after the server answered an earlier part: the batch's size, not the
-	// server's lateness.
+	// errBatchBound is the cause that ends a part of a batch the call's
+	// bound cut off after the server answered an earlier part: the
+	// replicas it asked are not suspect (see ErrBatchTooLarge).
 	errBatchBound = errors.New("the batch's bound passed")
 )
 
@@ -190,11 +190,16 @@ const (
 // call whose caller's context ended first is that caller's: it ends, and
 // nothing else happens, unless the server then lets a detached call run
 // past the bound, which is the server's lateness and held against it then.
-func call[T any](ctx context.Context, c *caller, what string, kind callKind, b bound, fn func(lookupSource, context.Context) (T, error)) (T, error) {
+func call[T any](ctx context.Context, c *caller, kind callKind, b bound, fn func(lookupSource, context.Context) (T, error)) (T, error) {
 	var zero T
 	deadline := b.deadline
 	if err := ctx.Err(); err != nil {
-		return zero, callerLeft(what, ctx)
+		return zero, err
+	}
+	if !time.Now().Before(deadline) {
+		// The bound passed on the caller's side (encoding, earlier parts):
+		// nothing was asked, and nothing is held against the server.
+		return zero, c.outOfBound()
 	}
 	c.mu.Lock()
 	if c.closed {
@@ -220,7 +225,7 @@ func call[T any](ctx context.Context, c *caller, what string, kind callKind, b b
 	caps := src.can()
 	if kind != callOther && caps.lockStep {
 		c.mu.Unlock()
-		return callInline(ctx, c, what, src, kind, b, fn)
+		return callInline(ctx, c, src, kind, b, fn)
 	}
 	pool := c.calls
 	// The RPC itself carries no deadline: a deadline costs a timer on
@@ -236,9 +241,7 @@ func call[T any](ctx context.Context, c *caller, what string, kind callKind, b b
 		defer end(nil)
 	}
 	var f *daemonpool.Future[T]
-	var began atomic.Int64 // when a detached goroutine took the call, Unix ns
 	f, err = daemonpool.Submit(pool, func() (T, error) {
-		began.Store(time.Now().UnixNano())
 		v, err := fn(src, dctx)
 		if stopped.Load() {
 			c.ended(src, pool, kind, f.Done())
@@ -268,7 +271,7 @@ func call[T any](ctx context.Context, c *caller, what string, kind callKind, b b
 	} else if end != nil {
 		switch {
 		case left:
-			end(context.Cause(ctx)) // the replicas it asked are not suspect
+			end(context.Canceled) // the replicas it asked are not suspect
 		case b.partAnswered:
 			end(errBatchBound) // nor are they for a batch too large
 		default:
@@ -281,20 +284,20 @@ func call[T any](ctx context.Context, c *caller, what string, kind callKind, b b
 		// later calls off now, until it returns, as a lock-step one does;
 		// one its caller left, or a part of a batch the server was
 		// answering, once the server has had it for LookupTimeout.
+		// (From now: it began before, and at the latest now.)
 		if !left && !b.partAnswered {
 			c.overran(src, pool, kind, f.Done())
 		} else {
-			start := time.Now() // not begun yet: it begins now at the earliest
-			if ns := began.Load(); ns != 0 {
-				start = time.Unix(0, ns)
-			}
-			c.lateAt(src, pool, kind, f.Done(), start.Add(c.timeout))
+			c.lateAt(src, pool, kind, f.Done(), time.Now().Add(c.timeout))
 		}
 	}
-	if left {
-		return zero, callerLeft(what, ctx)
+	switch {
+	case left:
+		return zero, ctx.Err()
+	case b.partAnswered:
+		return zero, c.outOfBound()
 	}
-	return zero, noReply(what, c.timeout)
+	return zero, c.noReply()
 }
 
 // lateAt holds later calls off (overran) if the detached call whose Done
@@ -312,14 +315,20 @@ func (c *caller) lateAt(src lookupSource, pool *daemonpool.Pool, kind callKind, 
 	hold()
 }
 
-// callerLeft is the error of a call whose caller's context ended first.
-func callerLeft(what string, ctx context.Context) error {
-	return fmt.Errorf("%s: %w", what, ctx.Err())
-}
+// A call's error says how it ended, and the handle's (opError) what the
+// call was; a call whose caller's context ended first ends with that
+// context's error alone.
 
 // noReply is the error of a call that got no answer within its bound.
-func noReply(what string, bound time.Duration) error {
-	return fmt.Errorf("%s: %w within %v: %w", what, errdefs.ErrNoReply, bound, context.DeadlineExceeded)
+func (c *caller) noReply() error {
+	return fmt.Errorf("%w within %v: %w", errdefs.ErrNoReply, c.timeout, context.DeadlineExceeded)
+}
+
+// outOfBound is the error of a call whose bound passed on the caller's
+// side: after the server answered earlier parts of its batch, or before
+// anything was asked.
+func (c *caller) outOfBound() error {
+	return fmt.Errorf("%w (%v): %w", ErrBatchTooLarge, c.timeout, context.DeadlineExceeded)
 }
 
 // bound is a call's bound: its deadline, LookupTimeout from the start of
@@ -359,12 +368,12 @@ func partEnd(keys []string, i int) int {
 
 // partsLeft reports why no further part of a call may be asked: its
 // caller's context ended, or its bound passed; nil when one may.
-func (c *caller) partsLeft(ctx context.Context, what string, b bound) error {
-	if ctx.Err() != nil {
-		return callerLeft(what, ctx)
+func (c *caller) partsLeft(ctx context.Context, b bound) error {
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	if !time.Now().Before(b.deadline) {
-		return noReply(what, c.timeout)
+		return c.outOfBound()
 	}
 	return nil
 }
@@ -375,7 +384,7 @@ func (c *caller) partsLeft(ctx context.Context, what string, b bound) error {
 // key that cannot be asked about (encodeKeys leaves it out) is a miss.
 func (c *caller) exists(ctx context.Context, b bound, encodeKeys func([]string) (encoded.Keys, error), keys []string, hits []bool) (answered int, err error) {
 	for i := 0; i < len(keys); {
-		if err := c.partsLeft(ctx, "lookup", b); err != nil {
+		if err := c.partsLeft(ctx, b); err != nil {
 			return i, err
 		}
 		j := partEnd(keys, i)
@@ -385,7 +394,7 @@ func (c *caller) exists(ctx context.Context, b bound, encodeKeys func([]string) 
 		}
 		if q.N > 0 {
 			n := q.N // keys are freed once sent
-			part, err := call(ctx, c, "lookup", callExists, b, func(src lookupSource, ctx context.Context) ([]bool, error) {
+			part, err := call(ctx, c, callExists, b, func(src lookupSource, ctx context.Context) ([]bool, error) {
 				hits, err := src.exists(ctx, q)
 				if err == nil && len(hits) != n {
 					return nil, fmt.Errorf("%d results for %d keys", len(hits), n)
@@ -416,7 +425,7 @@ func (c *caller) exists(ctx context.Context, b bound, encodeKeys func([]string) 
 func (c *caller) prefix(ctx context.Context, b bound, encodeKeys func([]string) (encoded.Keys, error), first func([]string) int, keys []string) (int, error) {
 	total := 0
 	for i := 0; i < len(keys); {
-		if err := c.partsLeft(ctx, "prefix lookup", b); err != nil {
+		if err := c.partsLeft(ctx, b); err != nil {
 			return total, err
 		}
 		end := partEnd(keys, i)
@@ -439,7 +448,7 @@ func (c *caller) prefix(ctx context.Context, b bound, encodeKeys func([]string) 
 			return total, err
 		}
 		want := j - i
-		n, err := call(ctx, c, "prefix lookup", callPrefix, b, func(src lookupSource, ctx context.Context) (int, error) {
+		n, err := call(ctx, c, callPrefix, b, func(src lookupSource, ctx context.Context) (int, error) {
 			return checkedPrefix(src, ctx, q, want)
 		})
 		total += n
@@ -466,7 +475,7 @@ func checkedPrefix(src lookupSource, ctx context.Context, keys encoded.Keys, n i
 // probe in flight (overran): the server let it overrun. A part of a batch
 // the server was answering, cut off by the deadline, says nothing of the
 // server, and neither does a call whose caller's context ended.
-func callInline[T any](ctx context.Context, c *caller, what string, src lookupSource, kind callKind, b bound, fn func(lookupSource, context.Context) (T, error)) (T, error) {
+func callInline[T any](ctx context.Context, c *caller, src lookupSource, kind callKind, b bound, fn func(lookupSource, context.Context) (T, error)) (T, error) {
 	var zero T
 	// A timer that cancels, rather than a deadline: a deadline would
 	// travel to the server (grpc-timeout), which would then keep a timer
@@ -487,13 +496,13 @@ func callInline[T any](ctx context.Context, c *caller, what string, src lookupSo
 	switch {
 	case err == nil:
 		return v, nil
+	case expired.Load() && b.partAnswered:
+		return zero, c.outOfBound()
 	case expired.Load():
-		if !b.partAnswered {
-			c.overran(src, nil, kind, nil)
-		}
-		return zero, noReply(what, c.timeout)
+		c.overran(src, nil, kind, nil)
+		return zero, c.noReply()
 	case ctx.Err() != nil:
-		return zero, callerLeft(what, ctx)
+		return zero, ctx.Err()
 	}
 	return zero, err
 }

@@ -156,7 +156,9 @@ type LookupResult struct {
 	// Err says why the keys from Answered on have no answer, matched with
 	// errors.Is: the caller's context ended (its error alone); no reply
 	// within LookupTimeout, or calls held off after one got none
-	// (ErrNoReply); the handle is reconnecting (ErrUnavailable) or closed
+	// (ErrNoReply); LookupTimeout passed while the server was answering
+	// the batch part by part (ErrBatchTooLarge); the handle is
+	// reconnecting (ErrUnavailable) or closed
 	// (ErrClosed); or the server refused or failed the call. Nil when
 	// every key was answered.
 	Err error
@@ -266,7 +268,10 @@ func (h *SchedulerHandle) Score(ctx context.Context, req ScoreRequest) (Scores, 
 	if err := req.check(); err != nil {
 		return Scores{}, invalid(err)
 	}
+	// Each list ends at its first block that cannot be asked about, or is
+	// quarantined: with none left to ask, nothing is.
 	hashes, keys := req.blocks()
+	hashes, keys = h.askable(hashes), h.askable(keys)
 	out := req.empty()
 	if len(hashes) == 0 && len(keys) == 0 {
 		out.Complete = true
@@ -274,12 +279,11 @@ func (h *SchedulerHandle) Score(ctx context.Context, req ScoreRequest) (Scores, 
 		return out, nil
 	}
 	// The call may outlive this one (LookupTimeout), and the caller may
-	// reuse its slices once Score returns: it gets a copy of each, which
-	// it cuts at the first block that cannot be asked about (and encodes
-	// the keys) on its own goroutine, within its bound.
+	// reuse its slices once Score returns: it gets a copy of each, and
+	// encodes the keys on its own goroutine, within its bound.
 	h.stats.lookups.Add(1)
-	q := scoreQuery{slices.Clone(hashes), slices.Clone(keys), h.askable, h.backend.encode}
-	a, err := call(ctx, h.calls, "score", callOther, b, q.ask)
+	q := scoreQuery{slices.Clone(hashes), slices.Clone(keys), h.backend.encode}
+	a, err := call(ctx, h.calls, callOther, b, q.ask)
 	if err != nil {
 		h.logFailure("score", err)
 		return out, nil
@@ -315,7 +319,7 @@ func (h *SchedulerHandle) QuarantineKeys(keys []string) {
 // (context.DeadlineExceeded). A handle on the master is refused
 // (ErrNotSupported): a distributed pool is cleared by its nodes.
 func (h *SchedulerHandle) Clear(ctx context.Context) error {
-	cleared, err := call(ctx, h.calls, "Clear", callOther, h.calls.newBound(), lookupSource.clear)
+	cleared, err := call(ctx, h.calls, callOther, h.calls.newBound(), lookupSource.clear)
 	if err == nil && !cleared {
 		err = fmt.Errorf("%w: the server answered that it did not clear its pool", ErrRefused)
 	}
@@ -333,7 +337,7 @@ func (h *SchedulerHandle) Clear(ctx context.Context) error {
 // scheduler call; the answer also refreshes what [SchedulerHandle.Stats]
 // reports. Its error says why the server did not answer.
 func (h *SchedulerHandle) Ping(ctx context.Context) (ServerCapabilities, error) {
-	caps, err := call(ctx, h.calls, "Ping", callOther, h.calls.newBound(), lookupSource.ping)
+	caps, err := call(ctx, h.calls, callOther, h.calls.newBound(), lookupSource.ping)
 	return caps, opError("ping", h.address, err)
 }
 
@@ -368,7 +372,7 @@ func (h *SchedulerHandle) logFailure(op string, err error) (callerLeft bool) {
 	switch {
 	case notAsked(err): // held off matches ErrNoReply too: it was not asked
 		h.stats.unasked.Add(1)
-	case errors.Is(err, ErrNoReply):
+	case errors.Is(err, ErrNoReply) || errors.Is(err, ErrBatchTooLarge):
 		h.stats.timeouts.Add(1)
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 		h.stats.cancelled.Add(1) // the caller's context: its business

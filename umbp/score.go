@@ -224,15 +224,12 @@ func (r *ScoreRequest) rank(out *Scores, nodes []masterconn.NodeMatch, prefix in
 	}
 }
 
-// scoreQuery is what a Score asks, cut and encoded on the call's
-// goroutine: the block hashes of the external KV index, and the pool's
-// keys.
+// scoreQuery is what a Score asks, cut at the first block that cannot be
+// asked about: the block hashes of the external KV index, and the pool's
+// keys, which the call's goroutine encodes.
 type scoreQuery struct {
 	hashes, keys []string
-	// askable cuts blocks at the first that cannot be asked about or is
-	// quarantined; encodeKeys encodes the pool's keys.
-	askable    func([]string) []string
-	encodeKeys func([]string) (encoded.Keys, error)
+	encodeKeys   func([]string) (encoded.Keys, error)
 }
 
 // scoreAnswer is a Score's two answers, each half's error apart.
@@ -247,7 +244,6 @@ type scoreAnswer struct {
 // fail-fast and the link's reconnect see it.
 func (s scoreQuery) ask(src lookupSource, ctx context.Context) (scoreAnswer, error) {
 	var a scoreAnswer
-	s.hashes, s.keys = s.askable(s.hashes), s.askable(s.keys)
 	var wg sync.WaitGroup
 	if len(s.hashes) > 0 {
 		wg.Go(func() { a.nodes, a.errs[0] = src.match(ctx, s.hashes) })

@@ -48,7 +48,7 @@ type ReplicaStats struct {
 // Calls, and, if it did not get an answer for every key, in exactly one of
 // Timeouts, Failures, Unasked and Cancelled.
 type LookupStats struct {
-	Calls uint64 // Lookup, LookupPrefix and Score calls with keys to ask about
+	Calls uint64 // Lookup and LookupPrefix calls with keys, Score calls with blocks to ask about
 	Hits  uint64 // keys answered present
 	// Misses counts keys answered absent, and the keys of calls that
 	// failed, timed out or went unasked; not the keys a call's caller

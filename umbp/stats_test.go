@@ -112,3 +112,24 @@ func TestLookupsCancelledKeysAreNotMisses(t *testing.T) {
 		t.Fatalf("after a stalled and a held-off call: %+v; want their 6 keys counted misses", st)
 	}
 }
+
+// A Score whose blocks can none be asked about (the first is a key that
+// cannot be in the pool) asks nothing: complete, no call counted, and not
+// refused while calls are held off.
+func TestScoreWithNothingToAskAsksNothing(t *testing.T) {
+	srv := newServer(t, umbptest.Options{})
+	h := newScheduler(t, newRuntime(t, testConfig(t, srv.Endpoint())))
+	ctx := context.Background()
+	h.Lookup(ctx, []string{"k"}) // dials its connections
+	srv.Stall()
+	defer srv.Resume()
+	h.Lookup(ctx, []string{"k"}) // no reply: later calls are held off
+	before := h.Stats().Lookups
+	s, err := h.Score(ctx, umbp.ScoreRequest{BlockHashes: []string{"", "b"}})
+	if err != nil || !s.Complete || s.PoolPrefix != 0 {
+		t.Fatalf("Score = %+v, %v; want complete, prefix 0", s, err)
+	}
+	if after := h.Stats().Lookups; after != before {
+		t.Fatalf("Score counted %+v, before %+v: it asked", after, before)
+	}
+}
