@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"net"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -304,9 +302,6 @@ func (c ClusterConfig) withDefaults() (ClusterConfig, error) {
 		if err := masterconn.CheckAddress(m, c.TransportCredentials == nil, c.AllowPlaintext); err != nil {
 			return c, fmt.Errorf("%w: ClusterConfig.Masters %q: %w", ErrInvalidConfig, m, err)
 		}
-		if _, port, _ := net.SplitHostPort(m); !tcpPort(port) {
-			return c, fmt.Errorf("%w: ClusterConfig.Masters %q: port %q is not a TCP port (1 to 65535)", ErrInvalidConfig, m, port)
-		}
 		if slices.Index(c.Masters, m) != i {
 			return c, fmt.Errorf("%w: ClusterConfig.Masters names %q twice", ErrInvalidConfig, m)
 		}
@@ -333,13 +328,6 @@ func (c ClusterConfig) withDefaults() (ClusterConfig, error) {
 		c.Logger = slog.Default()
 	}
 	return c, nil
-}
-
-// tcpPort reports whether port is a TCP port number, 1 to 65535 (a
-// service name is not: gRPC's dialer takes numbers).
-func tcpPort(port string) bool {
-	n, err := strconv.ParseUint(port, 10, 16)
-	return err == nil && n > 0
 }
 
 // check refuses weights that are negative or not finite: a score must

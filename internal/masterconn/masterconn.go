@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -88,6 +89,10 @@ func CheckAddress(addr string, plaintext, allowPlaintext bool) error {
 	}
 	if host == "" || port == "" {
 		return errors.New("needs both a host and a port")
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		// A service name is not a port either: gRPC's dialer takes numbers.
+		return fmt.Errorf("port %q is not a TCP port (1 to 65535)", port)
 	}
 	if !plaintext || allowPlaintext {
 		return nil
