@@ -118,7 +118,7 @@ var oobSpace = unix.CmsgSpace(2 * 4)
 // bounded by deadline.
 func Receive(conn *net.UnixConn, deadline time.Time) (Registration, *os.File, error) {
 	if err := conn.SetReadDeadline(deadline); err != nil {
-		return Registration{}, nil, fmt.Errorf("%w", err)
+		return Registration{}, nil, err
 	}
 	buf := make([]byte, MessageSize+1)
 	oob := make([]byte, oobSpace)
@@ -169,7 +169,7 @@ func Receive(conn *net.UnixConn, deadline time.Time) (Registration, *os.File, er
 // Reply sends the int32 status that ends a registration, bounded by deadline.
 func Reply(conn *net.UnixConn, status int32, deadline time.Time) error {
 	if err := conn.SetWriteDeadline(deadline); err != nil {
-		return fmt.Errorf("%w", err)
+		return err
 	}
 	var b [4]byte
 	binary.LittleEndian.PutUint32(b[:], uint32(status))
