@@ -11,7 +11,7 @@ import (
 // stored in the end.
 func TestPutBatchBoundsWhatItHolds(t *testing.T) {
 	const capacity, size = 1 << 20, 64 << 10 // an eighth: two objects
-	p, err := newPool(capacity, false)
+	p, err := newPool(capacity, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -87,7 +87,7 @@ func BenchmarkCopyHost(b *testing.B) {
 	const total = 256 << 20
 	m := newMemfd(b, total)
 	fill(m.mem, 1)
-	p, err := newPool(total, true)
+	p, err := newPool(total, true, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -71,15 +71,10 @@ type pool struct {
 }
 
 // newPool maps a pool of capacity bytes. With prefault every page is mapped
-// now, at start-up, as a server that owns its pool outright would.
-func newPool(capacity uint64, prefault bool) (*pool, error) {
-	return newPoolLogged(capacity, prefault, nil)
-}
-
-// newPoolLogged is newPool that says on log (when not nil) how a prefault
-// goes: when it starts, every prefaultReportEvery while it runs, and
-// when it is done, for it takes seconds a GiB.
-func newPoolLogged(capacity uint64, prefault bool, log *slog.Logger) (*pool, error) {
+// now, at start-up, as a server that owns its pool outright would. log
+// (when not nil) hears how a prefault goes, for it takes seconds a GiB,
+// and what the pool evicts.
+func newPool(capacity uint64, prefault bool, log *slog.Logger) (*pool, error) {
 	page := uint64(os.Getpagesize())
 	if capacity > math.MaxInt64-page {
 		return nil, fmt.Errorf("server: capacity %d bytes is too large", capacity)
@@ -106,6 +101,7 @@ func newPoolLogged(capacity uint64, prefault bool, log *slog.Logger) (*pool, err
 		capacity: capacity,
 		alloc:    newAllocator(arenaLen),
 		objects:  make(map[string]*object),
+		log:      log,
 	}, nil
 }
 

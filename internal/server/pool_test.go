@@ -13,7 +13,7 @@ import (
 // TestPoolReaderKeepsEvictedBytes: an object evicted (or cleared) while a
 // reader holds it keeps its extent until the reader releases it.
 func TestPoolReaderKeepsEvictedBytes(t *testing.T) {
-	p, err := newPool(8192, false)
+	p, err := newPool(8192, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestPoolReaderKeepsEvictedBytes(t *testing.T) {
 }
 
 func TestPoolClearWhileHeld(t *testing.T) {
-	p, err := newPool(4096, true)
+	p, err := newPool(4096, true, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestPoolClearWhileHeld(t *testing.T) {
 // TestPoolRefusesWithoutEvicting: a reservation that eviction could never
 // make room for is refused before any stored object is evicted.
 func TestPoolRefusesWithoutEvicting(t *testing.T) {
-	p, err := newPool(16384, false)
+	p, err := newPool(16384, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +140,7 @@ func TestPoolPrefaultHugePages(t *testing.T) {
 			t.Skipf("transparent huge pages %s: %q, %v", f, b, err)
 		}
 	}
-	p, err := newPool(64<<20, true)
+	p, err := newPool(64<<20, true, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func TestPoolPrefaultHugePages(t *testing.T) {
 // TestEvictionReports: the first eviction is logged at once; the ones
 // after it are summed into one line at most evictionReportEvery apart.
 func TestEvictionReports(t *testing.T) {
-	p, err := newPool(8192, false)
+	p, err := newPool(8192, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -128,11 +128,10 @@ func New(opts Options) (*Server, error) {
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
-	if s.pool, err = newPoolLogged(opts.Capacity, opts.Prefault, log); err != nil {
+	if s.pool, err = newPool(opts.Capacity, opts.Prefault, log); err != nil {
 		s.cancel()
 		return nil, err
 	}
-	s.pool.log = log
 	s.regs = newRegionTable(log, s.gpu)
 	if s.gpu != nil {
 		if err := s.gpu.Pin(s.pool.base(), uint64(len(s.pool.arena))); err != nil {
