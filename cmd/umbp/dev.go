@@ -9,9 +9,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/umbp-go/umbp-go/umbp"
 	"github.com/umbp-go/umbp-go/umbp/umbptest"
-	"github.com/umbp-go/umbp-go/umbp/vllmhash"
 )
 
 const devUsage = `usage: umbp dev master [-nodes N] [-replicas R] [-addr HOST:PORT] [-tokens T] [-ns NS] [-seed S]
@@ -77,26 +75,21 @@ func devFlags(fs *flag.FlagSet, _ *common) func(context.Context, env, []string) 
 }
 
 // devPrompt is the keys of the tokens 1 to n, as the cluster commands'
-// -tokens key them with -ns ns -seed seed -topo tp=1.
+// -tokens key them with -ns ns -seed seed -topo tp=1 (the same keyer).
 func devPrompt(ns, seed string, n int) ([]string, error) {
-	hasher, err := vllmhash.NewHasher(vllmhash.SHA256, seed)
-	if err != nil {
-		return nil, fmt.Errorf("%w: -seed: %w", errUsage, err)
+	kf := keyerFlags{namespace: ns, seed: seed, algo: "sha256"}
+	if err := kf.topo.Set("tp=1"); err != nil {
+		return nil, err
 	}
-	keyer, err := umbp.NewTokenKeyer(umbp.TokenKeyConfig{
-		Namespace: ns,
-		Topology:  umbp.RankTopology{TPSize: 1},
-		Groups:    []umbp.KVCacheGroup{{ID: 0, BlockSize: 16}},
-		Hasher:    hasher,
-	})
+	keyer, err := kf.keyer("dev master")
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errUsage, err)
+		return nil, err
 	}
 	tokens := make([]int32, n)
 	for i := range tokens {
 		tokens[i] = int32(i + 1)
 	}
-	k, err := keyer.Keys(tokens, vllmhash.ExtraKeys{})
+	k, err := keyer.Keys(tokens, kf.extra())
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
@@ -161,7 +154,11 @@ func devMaster(ctx context.Context, e env, s devSetup) (err error) {
 		}
 		started = append(started, n)
 		ids = append(ids, id)
-		fmt.Fprintf(e.stdout, "%-10s holds blocks 0-%d of the prompt's %d on %v\n", id, len(held)-1, len(s.keys), tier)
+		if len(held) == 0 {
+			fmt.Fprintf(e.stdout, "%-10s holds none of the prompt's %d blocks\n", id, len(s.keys))
+		} else {
+			fmt.Fprintf(e.stdout, "%-10s holds blocks 0-%d of the prompt's %d on %v\n", id, len(held)-1, len(s.keys), tier)
+		}
 	}
 	tok := fmt.Sprintf("-tokens -ns %s -seed %s -topo tp=1", s.ns, s.seed)
 	fmt.Fprintf(e.stdout, "try, in another shell:\n")

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/umbp-go/umbp-go/internal/endpoint"
 	"github.com/umbp-go/umbp-go/umbp"
 )
 
@@ -115,26 +116,55 @@ func inFlagWords(err error) string {
 	return text
 }
 
-// envFlags are the flags whose default is an environment variable's value.
-var envFlags = []struct{ flag, env string }{
-	{"endpoint", "UMBP_ENDPOINT"},
-	{"master", "UMBP_MASTER_ADDRESS"},
+// envSource names, for a flag whose default comes from the environment,
+// the variable its value came from when it was not given ("" when none
+// did): -endpoint from $UMBP_ENDPOINT, or from $UMBP_NODE_ID, which names
+// the default socket; -master from $UMBP_MASTER_ADDRESS.
+func envSource(flagName, value string) string {
+	switch flagName {
+	case "endpoint":
+		if v := os.Getenv("UMBP_ENDPOINT"); v != "" {
+			if v == value {
+				return "UMBP_ENDPOINT"
+			}
+		} else if os.Getenv("UMBP_NODE_ID") != "" && value == endpoint.Default() {
+			return "UMBP_NODE_ID"
+		}
+	case "master":
+		if v := os.Getenv("UMBP_MASTER_ADDRESS"); v != "" && v == value {
+			return "UMBP_MASTER_ADDRESS"
+		}
+	}
+	return ""
 }
 
-// withEnvSource adds to an error's text, when it names a flag of fs that
-// was not given and took its value from the environment, where that value
+// withEnvSource says, in an error's text that names a flag of fs that was
+// not given and took its value from the environment, where that value
 // came from: a mistyped $UMBP_ENDPOINT is fixed in the environment, not
 // on a command line that has no -endpoint.
 func withEnvSource(text string, fs *flag.FlagSet) string {
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	for _, e := range envFlags {
-		f := fs.Lookup(e.flag)
-		v := os.Getenv(e.env)
-		if f == nil || given[e.flag] || v == "" || f.Value.String() != v || !strings.Contains(text, "-"+e.flag) {
+	for _, name := range []string{"endpoint", "master"} {
+		f := fs.Lookup(name)
+		if f == nil || given[name] || !strings.Contains(text, "-"+name) {
 			continue
 		}
-		text += fmt.Sprintf(" (the value of $%s: -%s was not given)", e.env, e.flag)
+		env := envSource(name, f.Value.String())
+		if env == "" {
+			continue
+		}
+		// "-endpoint (or $UMBP_ENDPOINT)" is said again in place; other
+		// texts get it at their end.
+		if either := fmt.Sprintf("-%s (or $%s)", name, env); strings.Contains(text, either) {
+			text = strings.Replace(text, either, fmt.Sprintf("$%s (where this value came from) or -%s", env, name), 1)
+		} else {
+			what := "the value of $" + env
+			if env == "UMBP_NODE_ID" {
+				what = "the default socket of $UMBP_NODE_ID"
+			}
+			text += fmt.Sprintf(" (%s: -%s was not given)", what, name)
+		}
 	}
 	return text
 }

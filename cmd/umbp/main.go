@@ -112,7 +112,7 @@ func commands() []command {
 	return []command{
 		{"ping", "", "check that the server answers, and show what it offers", pingFlags, nil},
 		{"lookup", "[KEY... | -tokens TOKEN...]  (none, or \"-\": read standard input)", "show which keys, or how much of a prompt, the pool holds", lookupFlags, nil},
-		{"key", "make|parse|tokens ...", "make keys from block hashes or tokens, or decode keys", keyFlags, keyHelp},
+		{"key", "make|parse|tokens|text|request ...", "make keys from block hashes, tokens or text, or decode keys", keyFlags, keyHelp},
 		{"clear", "-yes", "drop every object in the pool (every engine's KV)", clearFlags, nil},
 		{"bench", "", "measure store and load throughput through a worker handle", benchFlags, nil},
 		{"cluster", "lookup|match|score ...", "ask MORI's UMBP master which nodes hold what", clusterFlags, clusterHelp},

@@ -716,7 +716,12 @@ func TestFlagFromEnvironment(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "node0.grpc.sock")
 	t.Setenv("UMBP_ENDPOINT", missing)
 	_, stderr = mustRun(t, exitFail, "", "ping")
-	mustContain(t, "ping with $UMBP_ENDPOINT where no socket is", stderr, "no server socket at "+missing, note)
+	mustContain(t, "ping with $UMBP_ENDPOINT where no socket is", stderr, "no server socket at "+missing+": start the server, or name its socket with $UMBP_ENDPOINT (where this value came from) or -endpoint\n")
+
+	t.Setenv("UMBP_ENDPOINT", "")
+	t.Setenv("UMBP_NODE_ID", "nod0")
+	_, stderr = mustRun(t, exitFail, "", "ping")
+	mustContain(t, "ping with a mistyped $UMBP_NODE_ID", stderr, "/nod0.grpc.sock", "(the default socket of $UMBP_NODE_ID: -endpoint was not given)")
 
 	t.Setenv("UMBP_MASTER_ADDRESS", "/run/umbp/node0.grpc.sock")
 	_, stderr = mustRun(t, exitUsage, "", "cluster", "lookup", "-tokens", "1", "2")
