@@ -44,6 +44,18 @@ if [ -z "$a" ] || [ -z "$b" ] || [ -z "$c" ]; then
   sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'
   exit 2
 fi
+case $n in
+'' | *[!0-9]* | 0)
+  echo "server-pair: -n $n: want the number of pairs, 1 or more" >&2
+  exit 2
+  ;;
+esac
+for cmd in "$a" "$b"; do
+  if [[ $cmd != *@SOCK@* ]]; then
+    echo "server-pair: '$cmd' does not name @SOCK@: the server would listen where the client does not look" >&2
+    exit 2
+  fi
+done
 declare -A client=([A]=$c [B]=${d:-$c})
 out=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/server-pair.XXXXXX")}
 mkdir -p "$out"
@@ -51,9 +63,14 @@ wait_s=${WAIT:-60}
 
 # run LABEL SERVERCMD: one fresh server, one client run; the client's rows
 # go to $out/LABEL.K (K counts that server's runs).
+# The server of the run in progress, and its directory: stopped and
+# removed if the script ends during the run.
 declare -A count=([A]=0 [B]=0)
+pid= dir=
+trap 'if [ -n "$pid" ]; then kill "$pid" 2>/dev/null; fi; if [ -n "$dir" ]; then rm -rf "$dir"; fi' EXIT
+trap 'exit 130' INT TERM
 run() {
-  local label=$1 cmd=$2 dir sock pid k
+  local label=$1 cmd=$2 sock k
   dir=$(mktemp -d "${TMPDIR:-/tmp}/sp.XXXXXX")
   chmod 700 "$dir"
   sock=$dir/node0.grpc.sock
@@ -74,6 +91,7 @@ run() {
   kill "$pid" 2>/dev/null
   wait "$pid" 2>/dev/null
   rm -rf "$dir"
+  pid= dir=
 }
 
 for i in $(seq 1 "$n"); do
