@@ -397,17 +397,33 @@ func TestRelease(t *testing.T) {
 	if err := server.Start(); err != nil {
 		t.Fatal(err)
 	}
-	// It prints its endpoint once it serves it and its metrics.
-	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "listening on "+endpoint+"\n" {
-		t.Fatalf("the server's first line %q (%v)\n%s", line, err, serverLog.String())
-	}
+	// stop ends the server, once; its log may be read after it.
 	stopped := false
-	defer func() {
+	stop := func() {
 		if !stopped {
+			stopped = true
 			_ = server.Process.Kill()
 			_ = server.Wait()
 		}
+	}
+	defer stop()
+	// It prints its endpoint once it serves it and its metrics (a
+	// generous bound: it prefaults 64 MiB first).
+	first := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(stdout).ReadString('\n') // ends when the server does
+		first <- line
 	}()
+	select {
+	case line := <-first:
+		if line != "listening on "+endpoint+"\n" {
+			stop()
+			t.Fatalf("the server's first line %q\n%s", line, serverLog.String())
+		}
+	case <-time.After(time.Minute):
+		stop()
+		t.Fatalf("the server did not say it listens within a minute\n%s", serverLog.String())
+	}
 	if out := run(app, filepath.Join(app, "app"), endpoint); !strings.Contains(out, "lookup: [false]") {
 		t.Errorf("the program printed %q, want its lookup's answer", out)
 	}
