@@ -196,11 +196,6 @@ func call[T any](ctx context.Context, c *caller, kind callKind, b bound, fn func
 	if err := ctx.Err(); err != nil {
 		return zero, err
 	}
-	if !time.Now().Before(deadline) {
-		// The bound passed on the caller's side (encoding, earlier parts):
-		// nothing was asked, and nothing is held against the server.
-		return zero, c.outOfBound()
-	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -217,6 +212,12 @@ func call[T any](ctx context.Context, c *caller, kind callKind, b bound, fn func
 	if c.heldOffLocked() {
 		c.mu.Unlock()
 		return zero, errUnanswered
+	}
+	if !time.Now().Before(deadline) {
+		// The bound passed on the caller's side (encoding, earlier parts):
+		// nothing is asked, and nothing held against the server.
+		c.mu.Unlock()
+		return zero, c.outOfBound()
 	}
 	c.unanswered = nil
 	if c.probeHolds || (c.probe != nil && isDone(c.probe)) {
@@ -367,12 +368,13 @@ func partEnd(keys []string, i int) int {
 }
 
 // partsLeft reports why no further part of a call may be asked: its
-// caller's context ended, or its bound passed; nil when one may.
+// caller's context ended, or its bound passed after a part was answered
+// (before, call says: a call held off says so first); nil when one may.
 func (c *caller) partsLeft(ctx context.Context, b bound) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if !time.Now().Before(b.deadline) {
+	if b.partAnswered && !time.Now().Before(b.deadline) {
 		return c.outOfBound()
 	}
 	return nil
